@@ -1,0 +1,63 @@
+"""Every on-disk name of the checkpoint, policy and dataset layouts, in one place.
+
+The checkpoint layout follows LeRobot's so users' tools and habits carry over::
+
+    <output_dir>/checkpoints/
+        005000/
+            pretrained_model/
+                config.json                 policy config (type + fields)
+                train_config.json           the full resolved TrainConfig
+                model.safetensors           full fp32 weights (or adapter_model.safetensors for PEFT)
+                pytorch_model_fsdp_0/       DCP shards of the model (checkpoint_format dcp)
+                policy_preprocessor.json    + policy_preprocessor_step_<i>_<name>.safetensors
+                policy_postprocessor.json   + policy_postprocessor_step_<i>_<name>.safetensors
+            training_state/
+                optimizer_param_groups.json
+                optimizer_state.safetensors (non-sharded) or optimizer_0/ (DCP shards)
+                rng_state.safetensors       every rank's RNG state
+                scheduler_state.json        only when the run has a scheduler
+                scaler_state.json           only for fp16
+                training_step.json          written LAST: its presence marks a complete checkpoint
+        last -> 005000                      relative symlink, moved only to complete checkpoints
+"""
+
+CHECKPOINTS_DIR = "checkpoints"
+LAST_CHECKPOINT_LINK = "last"
+PRETRAINED_MODEL_DIR = "pretrained_model"
+TRAINING_STATE_DIR = "training_state"
+
+CONFIG_NAME = "config.json"
+TRAIN_CONFIG_NAME = "train_config.json"
+MODEL_SAFETENSORS = "model.safetensors"
+ADAPTER_SAFETENSORS = "adapter_model.safetensors"
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+MODEL_DCP_DIR = "pytorch_model_fsdp_0"
+
+POLICY_PREPROCESSOR_NAME = "policy_preprocessor"
+POLICY_POSTPROCESSOR_NAME = "policy_postprocessor"
+
+OPTIMIZER_PARAM_GROUPS = "optimizer_param_groups.json"
+OPTIMIZER_STATE = "optimizer_state.safetensors"
+OPTIMIZER_DCP_DIR = "optimizer_0"
+RNG_STATE = "rng_state.safetensors"
+SCHEDULER_STATE = "scheduler_state.json"
+SCALER_STATE = "scaler_state.json"
+TRAINING_STEP = "training_step.json"
+
+# Prefix of the temporary folder a checkpoint is written into before its atomic rename.
+TMP_CHECKPOINT_PREFIX = ".tmp-"
+
+# Dataset v3.0 layout.
+DATASET_INFO = "meta/info.json"
+DATASET_STATS = "meta/stats.json"
+DATASET_TASKS = "meta/tasks.parquet"
+DATASET_EPISODES_GLOB = "meta/episodes/*/*.parquet"
+DATASET_CODEBASE_VERSION = "v3.0"
+
+# Pipeline receipts.
+PUBLISH_RECEIPT = "publish_receipt.json"
+CONVERT_RECEIPT = "convert_receipt.json"
+
+# Environment variables.
+ENV_ALLOW_ACCELERATE = "LEROBOT_ALLOW_ACCELERATE_ENV"
+ENV_FAULT_POINT = "LEROBOT_PIPE_FAULT_POINT"

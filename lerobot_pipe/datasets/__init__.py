@@ -1,0 +1,15 @@
+"""LeRobot v3.0 datasets: reading, a synthetic generator, rank-aware sampling, prefetching."""
+
+from lerobot_pipe.datasets.lerobot_dataset import DatasetError, LeRobotDataset, resolve_dataset_root
+from lerobot_pipe.datasets.prefetch import BatchPrefetcher
+from lerobot_pipe.datasets.sampler import GlobalBatchSampler
+from lerobot_pipe.datasets.synthetic import write_synthetic_dataset
+
+__all__ = [
+    "BatchPrefetcher",
+    "DatasetError",
+    "GlobalBatchSampler",
+    "LeRobotDataset",
+    "resolve_dataset_root",
+    "write_synthetic_dataset",
+]

@@ -1,0 +1,91 @@
+"""Rank-aware, sample-exact batch order over an infinite stream of per-epoch permutations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class GlobalBatchSampler:
+    """The sampler's order is a pure function of (seed, epoch).
+
+    The dataset is an infinite stream made of per-epoch permutations
+    (``np.random.default_rng([seed, epoch]).permutation(num_samples)``). Position is
+    counted in GLOBAL samples consumed. Each step consumes one global batch of
+    ``batch_size * dp_world_size`` consecutive stream positions; dp rank ``r`` takes the
+    contiguous slice ``[r * batch_size, (r + 1) * batch_size)`` of it. Runs with the same
+    global batch therefore see exactly the same samples per step however many ranks split
+    it, and resuming from ``start_sample`` is sample-exact. Batches may straddle an epoch
+    boundary.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        dp_rank: int,
+        dp_world_size: int,
+        seed: int,
+        start_sample: int = 0,
+    ) -> None:
+        if num_samples < 1 or batch_size < 1 or dp_world_size < 1:
+            raise ValueError(
+                f"num_samples ({num_samples}), batch_size ({batch_size}) and dp_world_size "
+                f"({dp_world_size}) must all be at least 1."
+            )
+        if not 0 <= dp_rank < dp_world_size:
+            raise ValueError(f"dp_rank {dp_rank} must lie in [0, dp_world_size={dp_world_size}).")
+        if start_sample < 0:
+            raise ValueError(f"start_sample must be >= 0, got {start_sample}.")
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.seed = seed
+        self.global_batch_size = batch_size * dp_world_size
+        self.samples_consumed = start_sample
+        self._perms: dict[int, np.ndarray] = {}
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next sample to be consumed."""
+        return self.samples_consumed // self.num_samples
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        perm = self._perms.get(epoch)
+        if perm is None:
+            # Keep the current epoch and the next: a step touches at most those two.
+            self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
+            perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            self._perms[epoch] = perm
+        return perm
+
+    def _stream(self, start: int, stop: int) -> np.ndarray:
+        """Dataset indices at stream positions ``[start, stop)``."""
+        parts = []
+        while start < stop:
+            epoch, offset = divmod(start, self.num_samples)
+            take = min(stop - start, self.num_samples - offset)
+            parts.append(self._permutation(epoch)[offset : offset + take])
+            start += take
+        return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+
+    def next_indices(self) -> np.ndarray:
+        """This rank's dataset indices for the next step; advances by one global batch."""
+        start = self.samples_consumed + self.dp_rank * self.batch_size
+        indices = self._stream(start, start + self.batch_size)
+        self.samples_consumed += self.global_batch_size
+        return indices
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able position; resume with ``start_sample=state["samples_consumed"]``."""
+        return {
+            "samples_consumed": self.samples_consumed,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "dp_world_size": self.dp_world_size,
+            "global_batch_size": self.global_batch_size,
+        }

@@ -1,0 +1,235 @@
+"""Apply the data-parallel topology to a policy: DDP, FSDP2 (``fully_shard``) or HSDP.
+
+All sharding decisions live here: which submodules become FSDP2 units, the mesh, mixed
+precision and offload policies. Everything else sees only the returned module.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+from lerobot_pipe.configs.parser import ConfigError
+from lerobot_pipe.configs.train import AcceleratorConfig, FSDPConfig
+from lerobot_pipe.distributed.parallel_dims import ParallelDims
+from lerobot_pipe.distributed.runtime import DistEnv
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_PRECISION_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_dtype(accelerator: AcceleratorConfig, dims: ParallelDims) -> torch.dtype | None:
+    """DDP and single-process runs use autocast; sharded runs use FSDP2's policy instead."""
+    if dims.is_sharded:
+        return None
+    return _PRECISION_DTYPE.get(accelerator.mixed_precision)
+
+
+def _module_classes(model: nn.Module) -> list[str]:
+    return sorted({type(m).__name__ for m in model.modules()})
+
+
+def select_wrap_units(
+    model: nn.Module, fsdp: FSDPConfig, policy_wrap_modules: list[str]
+) -> list[tuple[str, nn.Module]]:
+    """The submodules that become FSDP2 units, in the documented resolution order:
+    ``wrap_modules``, else ``min_num_params``, else the policy's ``_fsdp_wrap_modules``."""
+    if fsdp.wrap_modules is not None and fsdp.min_num_params is not None:
+        raise ConfigError(
+            "--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params are mutually "
+            "exclusive; pass one of them"
+        )
+    named = [(n, m) for n, m in model.named_modules() if n]
+    if fsdp.min_num_params is not None:
+        units = []
+        for name, module in named:
+            if any(name.startswith(u + ".") for u, _ in units):
+                continue
+            if sum(p.numel() for p in module.parameters()) >= fsdp.min_num_params:
+                units.append((name, module))
+        # Keep only the innermost large modules so that no unit contains another.
+        units = [(n, m) for n, m in units if not any(o.startswith(n + ".") for o, _ in units)]
+        if not units:
+            raise ConfigError(
+                f"--accelerator.fsdp.min_num_params={fsdp.min_num_params}: no submodule has that "
+                "many parameters; lower it or pass --accelerator.fsdp.wrap_modules"
+            )
+        return units
+    class_names = fsdp.wrap_modules if fsdp.wrap_modules is not None else policy_wrap_modules
+    flag = (
+        "--accelerator.fsdp.wrap_modules"
+        if fsdp.wrap_modules is not None
+        else "the policy's _fsdp_wrap_modules"
+    )
+    if not class_names:
+        raise ConfigError(
+            "sharding needs wrap units: pass --accelerator.fsdp.wrap_modules='[\"ClassName\"]' or "
+            "--accelerator.fsdp.min_num_params=N (this policy declares no _fsdp_wrap_modules)"
+        )
+    present = set(_module_classes(model))
+    missing = [c for c in class_names if c not in present]
+    if missing:
+        raise ConfigError(
+            f"{flag}: {', '.join(missing)} match no module of the model; module classes present: "
+            f"{', '.join(sorted(present))}"
+        )
+    return [(n, m) for n, m in named if type(m).__name__ in class_names]
+
+
+def check_shared_parameters(model: nn.Module, units: list[tuple[str, nn.Module]]) -> None:
+    """Fail before the first step when one parameter would belong to two FSDP units."""
+    owner: dict[int, str] = {}
+    for unit_name, unit in units:
+        for pname, p in unit.named_parameters():
+            key = id(p)
+            if key in owner and owner[key] != unit_name:
+                raise ConfigError(
+                    f"parameter {unit_name}.{pname} is shared (tied) with a parameter of unit "
+                    f"{owner[key]}; tied parameters must sit in one FSDP unit: choose wrap units "
+                    "that contain both (--accelerator.fsdp.wrap_modules) or untie them"
+                )
+            owner[key] = unit_name
+    for full_name, p in model.named_parameters(remove_duplicate=False):
+        unit = next((u for u, _ in units if full_name.startswith(u + ".")), None)
+        key = id(p)
+        if key in owner and unit is not None and owner[key] != unit:
+            raise ConfigError(
+                f"parameter {full_name} is shared (tied) across FSDP units {owner[key]} and {unit}"
+            )
+        if key in owner and unit is None:
+            raise ConfigError(
+                f"parameter {full_name} (outside any unit) is tied to a parameter of unit "
+                f"{owner[key]}; tied parameters must sit in one FSDP unit"
+            )
+
+
+def mixed_precision_policy(accelerator: AcceleratorConfig) -> MixedPrecisionPolicy:
+    custom = accelerator.fsdp.mixed_precision_policy
+    if custom.is_set():
+        if custom.param_dtype is None:
+            raise ConfigError(
+                "--accelerator.fsdp.mixed_precision_policy.param_dtype must be set once any "
+                "mixed_precision_policy field is set"
+            )
+        for name in ("param_dtype", "reduce_dtype", "output_dtype"):
+            value = getattr(custom, name)
+            if value is not None and value not in DTYPES:
+                raise ConfigError(
+                    f"--accelerator.fsdp.mixed_precision_policy.{name}={value!r}: choose one of "
+                    f"{', '.join(DTYPES)}"
+                )
+        if (
+            "float16" in (custom.param_dtype, custom.reduce_dtype)
+            and accelerator.mixed_precision != "fp16"
+        ):
+            raise ConfigError(
+                "float16 in --accelerator.fsdp.mixed_precision_policy needs "
+                "--accelerator.mixed_precision=fp16 (which builds the loss scaler)"
+            )
+        kwargs = {"param_dtype": DTYPES[custom.param_dtype]}
+        if custom.reduce_dtype is not None:
+            kwargs["reduce_dtype"] = DTYPES[custom.reduce_dtype]
+        if custom.output_dtype is not None:
+            kwargs["output_dtype"] = DTYPES[custom.output_dtype]
+        if custom.cast_forward_inputs is not None:
+            kwargs["cast_forward_inputs"] = custom.cast_forward_inputs
+        return MixedPrecisionPolicy(**kwargs)
+    dtype = _PRECISION_DTYPE.get(accelerator.mixed_precision)
+    if dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def build_mesh(dims: ParallelDims, env: DistEnv) -> DeviceMesh:
+    if dims.dp_replicate > 1:
+        return init_device_mesh(
+            env.device.type,
+            (dims.dp_replicate, dims.dp_shard),
+            mesh_dim_names=("dp_replicate", "dp_shard"),
+        )
+    return init_device_mesh(env.device.type, (dims.dp_shard,), mesh_dim_names=("dp_shard",))
+
+
+def ignored_parameters(model: nn.Module, pattern: str | None) -> set[nn.Parameter]:
+    if not pattern:
+        return set()
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(
+            f"--accelerator.fsdp.ignored_modules={pattern!r}: invalid regex ({e})"
+        ) from None
+    params = {p for n, m in model.named_modules() if n and regex.search(n) for p in m.parameters()}
+    if not params:
+        raise ConfigError(
+            f"--accelerator.fsdp.ignored_modules={pattern!r} matches no module with parameters"
+        )
+    return params
+
+
+def apply_fsdp(
+    model: nn.Module,
+    dims: ParallelDims,
+    env: DistEnv,
+    accelerator: AcceleratorConfig,
+    policy_wrap_modules: list[str],
+) -> nn.Module:
+    fsdp = accelerator.fsdp
+    units = select_wrap_units(model, fsdp, policy_wrap_modules)
+    check_shared_parameters(model, units)
+    ignored = ignored_parameters(model, fsdp.ignored_modules)
+    mesh = build_mesh(dims, env)
+    kwargs = {
+        "mesh": mesh,
+        "reshard_after_forward": fsdp.reshard_after_forward,
+        "offload_policy": CPUOffloadPolicy(pin_memory=env.device.type == "cuda")
+        if fsdp.cpu_offload
+        else OffloadPolicy(),
+        "ignored_params": ignored or None,
+    }
+    unit_policy = mixed_precision_policy(accelerator)
+    for _, module in units:
+        fully_shard(module, mp_policy=unit_policy, **kwargs)
+    # output_dtype on every unit would feed the next unit's LayerNorm fp32: set it on the root only.
+    root_policy = MixedPrecisionPolicy(
+        param_dtype=unit_policy.param_dtype,
+        reduce_dtype=unit_policy.reduce_dtype,
+        output_dtype=unit_policy.output_dtype
+        or (torch.float32 if unit_policy.param_dtype else None),
+        cast_forward_inputs=unit_policy.cast_forward_inputs,
+    )
+    fully_shard(model, mp_policy=root_policy, **kwargs)
+    return model
+
+
+def apply_parallelism(
+    model: nn.Module,
+    dims: ParallelDims,
+    env: DistEnv,
+    accelerator: AcceleratorConfig,
+    policy_wrap_modules: list[str],
+) -> nn.Module:
+    """Move ``model`` to the device and wrap it for ``dims``; returns the module to call."""
+    if dims.is_sharded:
+        return apply_fsdp(model, dims, env, accelerator, policy_wrap_modules)
+    model.to(env.device)
+    if dims.world_size == 1:
+        return model
+    ddp = accelerator.ddp
+    return DistributedDataParallel(
+        model,
+        device_ids=[env.device.index] if env.device.type == "cuda" else None,
+        find_unused_parameters=ddp.find_unused_parameters,
+        gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+        static_graph=ddp.static_graph,
+    )

@@ -1,0 +1,171 @@
+"""Config of ACT (Action Chunking Transformer, Zhao et al. 2023), with LeRobot's names and defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lerobot_pipe.policies.pretrained import (
+    ACTION,
+    OBS_ENV_STATE,
+    OBS_STATE,
+    PreTrainedConfig,
+)
+
+# A model small enough for CPU tests; every other field keeps its default.
+ACT_TINY_PRESET: dict = dict(
+    chunk_size=10,
+    n_action_steps=10,
+    dim_model=32,
+    n_heads=2,
+    dim_feedforward=64,
+    n_encoder_layers=2,
+    n_decoder_layers=1,
+    n_vae_encoder_layers=1,
+    latent_dim=8,
+)
+
+FEEDFORWARD_ACTIVATIONS = ("relu", "gelu")
+
+
+@PreTrainedConfig.register_subclass("act")
+@dataclass
+class ACTConfig(PreTrainedConfig):
+    """ACT's hyper-parameters.
+
+    Image inputs are not supported yet: ``vision_backbone`` is only recorded, and image
+    features are refused. The policy needs ``observation.environment_state`` among its inputs.
+    """
+
+    chunk_size: int = 100
+    n_action_steps: int = 100
+
+    vision_backbone: str = "resnet18"
+
+    dim_model: int = 512
+    n_heads: int = 8
+    dim_feedforward: int = 3200
+    feedforward_activation: str = "relu"
+    n_encoder_layers: int = 4
+    # The original ACT code builds more decoder layers but only runs the first; 1 matches it.
+    n_decoder_layers: int = 1
+    pre_norm: bool = False
+
+    use_vae: bool = True
+    latent_dim: int = 32
+    n_vae_encoder_layers: int = 4
+
+    # Weight coefficient of the temporal ensembling; None disables it (then chunks are queued).
+    temporal_ensemble_coeff: float | None = None
+
+    dropout: float = 0.1
+    kl_weight: float = 10.0
+
+    optimizer_lr: float = 1e-5
+    optimizer_weight_decay: float = 1e-4
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> ACTConfig:
+        """A config with ``ACT_TINY_PRESET`` applied, then ``overrides``."""
+        return cls(**{**ACT_TINY_PRESET, **overrides})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive = (
+            "chunk_size",
+            "n_action_steps",
+            "dim_model",
+            "n_heads",
+            "dim_feedforward",
+            "n_encoder_layers",
+            "n_decoder_layers",
+            "latent_dim",
+            "n_vae_encoder_layers",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)}")
+        if self.n_action_steps > self.chunk_size:
+            raise ValueError(
+                f"n_action_steps ({self.n_action_steps}) must be <= chunk_size ({self.chunk_size}): "
+                "each chunk predicts chunk_size actions"
+            )
+        if self.dim_model % self.n_heads != 0:
+            raise ValueError(
+                f"dim_model ({self.dim_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.kl_weight < 0:
+            raise ValueError(f"kl_weight must be >= 0, got {self.kl_weight}")
+        if self.feedforward_activation not in FEEDFORWARD_ACTIVATIONS:
+            raise ValueError(
+                f"feedforward_activation must be one of {FEEDFORWARD_ACTIVATIONS}, "
+                f"got {self.feedforward_activation!r}"
+            )
+        if not self.vision_backbone.startswith("resnet"):
+            raise ValueError(
+                f"vision_backbone must be a ResNet variant, got {self.vision_backbone!r}"
+            )
+        if self.temporal_ensemble_coeff is not None and self.n_action_steps != 1:
+            raise ValueError(
+                "n_action_steps must be 1 when temporal_ensemble_coeff is set "
+                f"(got n_action_steps={self.n_action_steps}): the ensembler queries the "
+                "policy at every step"
+            )
+        if self.n_obs_steps != 1:
+            raise ValueError(f"ACT supports n_obs_steps == 1 only, got {self.n_obs_steps}")
+        if self.optimizer_lr <= 0:
+            raise ValueError(f"optimizer_lr must be > 0, got {self.optimizer_lr}")
+        if self.optimizer_weight_decay < 0:
+            raise ValueError(
+                f"optimizer_weight_decay must be >= 0, got {self.optimizer_weight_decay}"
+            )
+        self._refuse_images()
+
+    def _refuse_images(self) -> None:
+        images = [k for k, ft in self.input_features.items() if ft.get("type") == "VISUAL"]
+        if images:
+            raise ValueError(
+                f"ACT image inputs are not supported yet (input_features has {images}); set "
+                "--policy.input_features explicitly to the state features, including "
+                f"{OBS_ENV_STATE!r}"
+            )
+
+    def validate_features(self) -> None:
+        super().validate_features()
+        self._refuse_images()
+        if OBS_ENV_STATE not in self.input_features:
+            raise ValueError(
+                f"ACT needs {OBS_ENV_STATE!r} (or an image, not supported yet) among its "
+                f"input_features, got {sorted(self.input_features)}"
+            )
+        for key in (OBS_STATE, OBS_ENV_STATE, ACTION):
+            ft = self.input_features.get(key) or self.output_features.get(key)
+            if ft is not None and len(ft["shape"]) != 1:
+                raise ValueError(f"ACT needs a 1-D {key!r} feature, got shape {ft['shape']}")
+
+    @property
+    def robot_state_feature(self) -> dict | None:
+        return self.input_features.get(OBS_STATE)
+
+    @property
+    def env_state_feature(self) -> dict | None:
+        return self.input_features.get(OBS_ENV_STATE)
+
+    @property
+    def action_feature(self) -> dict:
+        return self.output_features[ACTION]
+
+    @property
+    def action_delta_indices(self) -> list[int]:
+        return list(range(self.chunk_size))
+
+    def get_optimizer_preset(self) -> dict:
+        """LeRobot's ACT preset: AdamW (betas and eps at their defaults), no scheduler."""
+        return {
+            "lr": self.optimizer_lr,
+            "weight_decay": self.optimizer_weight_decay,
+            "betas": (0.9, 0.999),
+            "eps": 1e-8,
+        }

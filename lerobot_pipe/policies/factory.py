@@ -1,0 +1,55 @@
+"""Build policy configs and policies by type name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lerobot_pipe.policies.act import ACTPolicy
+from lerobot_pipe.policies.pretrained import (
+    PreTrainedConfig,
+    PreTrainedPolicy,
+    dataset_to_policy_features,
+)
+
+_POLICY_CLASSES: dict[str, type[PreTrainedPolicy]] = {ACTPolicy.name: ACTPolicy}
+
+
+def make_policy_config(policy_type: str, **fields: Any) -> PreTrainedConfig:
+    """The config of ``policy_type`` with ``fields`` set; ValueError listing known types."""
+    return PreTrainedConfig.get_choice_class(policy_type)(**fields)
+
+
+def get_policy_class(policy_type: str) -> type[PreTrainedPolicy]:
+    """The policy class of ``policy_type``; ValueError listing known types."""
+    try:
+        return _POLICY_CLASSES[policy_type]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy type {policy_type!r}; known types: {sorted(_POLICY_CLASSES)}"
+        ) from None
+
+
+def make_policy(cfg: PreTrainedConfig, dataset_features: dict | None = None) -> PreTrainedPolicy:
+    """Build the policy ``cfg`` describes.
+
+    Empty ``cfg.input_features`` / ``cfg.output_features`` are filled (in place) from
+    ``dataset_features``, a dataset's ``info["features"]``. With ``cfg.pretrained_path`` set
+    the weights are loaded from that folder (the policy then comes back in eval mode, like
+    LeRobot's); otherwise they are freshly initialized.
+    """
+    if not cfg.input_features or not cfg.output_features:
+        if dataset_features is None:
+            raise ValueError(
+                f"the {cfg.type!r} config has no input_features/output_features; pass the "
+                "dataset's info['features'] as dataset_features to fill them"
+            )
+        features = dataset_to_policy_features(dataset_features)
+        if not cfg.output_features:
+            cfg.output_features = {k: ft for k, ft in features.items() if ft["type"] == "ACTION"}
+        if not cfg.input_features:
+            cfg.input_features = {k: ft for k, ft in features.items() if ft["type"] != "ACTION"}
+    cfg.validate_features()
+    policy_cls = get_policy_class(cfg.type)
+    if cfg.pretrained_path:
+        return policy_cls.from_pretrained(cfg.pretrained_path, config=cfg)
+    return policy_cls(cfg)

@@ -1,0 +1,346 @@
+"""Base classes of every policy: its config (config.json) and its module (model.safetensors).
+
+Names and files follow LeRobot's so a user's checkpoints, scripts and habits carry over:
+a policy folder holds ``config.json`` (the config's fields plus its registered ``type``)
+and ``model.safetensors`` (the full fp32 state dict). Weights are only ever read with
+safetensors, never with pickle.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+
+from lerobot_pipe.constants import CONFIG_NAME, MODEL_DCP_DIR, MODEL_SAFETENSORS
+
+# Feature keys of LeRobot datasets and batches.
+OBS_PREFIX = "observation."
+OBS_STATE = "observation.state"
+OBS_ENV_STATE = "observation.environment_state"
+OBS_IMAGES_PREFIX = "observation.images."
+ACTION = "action"
+
+# Policy feature types and normalization modes (LeRobot's FeatureType / NormalizationMode values).
+FEATURE_TYPES = ("STATE", "ENV", "ACTION", "VISUAL")
+NORMALIZATION_MODES = ("MEAN_STD", "MIN_MAX", "IDENTITY")
+
+
+def _default_normalization_mapping() -> dict[str, str]:
+    return {"STATE": "MEAN_STD", "ENV": "MEAN_STD", "ACTION": "MEAN_STD", "VISUAL": "MEAN_STD"}
+
+
+def _check_features(features: Any, field_name: str) -> None:
+    """Raise ValueError unless ``features`` maps names to ``{"type": ..., "shape": [...]}``."""
+    if not isinstance(features, dict):
+        raise ValueError(f"{field_name} must be a dict of feature name -> {{'type', 'shape'}}")
+    for key, ft in features.items():
+        if not isinstance(ft, dict) or set(ft) != {"type", "shape"}:
+            raise ValueError(
+                f"{field_name}[{key!r}] must be a dict with exactly the keys 'type' and 'shape', "
+                f"got {ft!r}"
+            )
+        if ft["type"] not in FEATURE_TYPES:
+            raise ValueError(
+                f"{field_name}[{key!r}]['type'] is {ft['type']!r}; expected one of {FEATURE_TYPES}"
+            )
+        shape = ft["shape"]
+        if (
+            not isinstance(shape, list | tuple)
+            or not shape
+            or not all(isinstance(d, int) and d > 0 for d in shape)
+        ):
+            raise ValueError(
+                f"{field_name}[{key!r}]['shape'] must be a non-empty list of positive ints, "
+                f"got {shape!r}"
+            )
+
+
+@dataclass
+class PreTrainedConfig:
+    """Base of every policy config. Subclasses register themselves with a ``type`` name.
+
+    ``input_features`` / ``output_features`` map feature names to
+    ``{"type": "STATE" | "ENV" | "ACTION" | "VISUAL", "shape": [...]}``; ``make_policy``
+    fills them from the dataset when they are left empty.
+    """
+
+    n_obs_steps: int = 1
+    input_features: dict[str, dict] = field(default_factory=dict)
+    output_features: dict[str, dict] = field(default_factory=dict)
+    normalization_mapping: dict[str, str] = field(default_factory=_default_normalization_mapping)
+    device: str | None = None
+    push_to_hub: bool = False
+    repo_id: str | None = None
+    private: bool | None = None
+    tags: list[str] | None = None
+    license: str | None = None
+    pretrained_path: str | None = None
+
+    type: ClassVar[str]
+    _registry: ClassVar[dict[str, type[PreTrainedConfig]]] = {}
+
+    def __post_init__(self) -> None:
+        if self.n_obs_steps < 1:
+            raise ValueError(f"n_obs_steps must be >= 1, got {self.n_obs_steps}")
+        for feature_type, mode in self.normalization_mapping.items():
+            if feature_type not in FEATURE_TYPES:
+                raise ValueError(
+                    f"normalization_mapping has unknown feature type {feature_type!r}; "
+                    f"expected one of {FEATURE_TYPES}"
+                )
+            if mode not in NORMALIZATION_MODES:
+                raise ValueError(
+                    f"normalization_mapping[{feature_type!r}] is {mode!r}; "
+                    f"expected one of {NORMALIZATION_MODES}"
+                )
+
+    # --- registry -------------------------------------------------------------------------
+
+    @classmethod
+    def register_subclass(cls, name: str) -> Callable[[type[PreTrainedConfig]], type]:
+        """Class decorator: register a config subclass under ``name`` (its ``type``)."""
+
+        def decorator(subclass: type[PreTrainedConfig]) -> type[PreTrainedConfig]:
+            registered = PreTrainedConfig._registry.get(name)
+            if registered is not None and registered is not subclass:
+                raise ValueError(
+                    f"policy type {name!r} is already registered by {registered.__qualname__}"
+                )
+            subclass.type = name
+            PreTrainedConfig._registry[name] = subclass
+            return subclass
+
+        return decorator
+
+    @classmethod
+    def get_choice_class(cls, name: str) -> type[PreTrainedConfig]:
+        """The config class registered as ``name``; ValueError listing the known types otherwise."""
+        try:
+            return PreTrainedConfig._registry[name]
+        except KeyError:
+            raise ValueError(
+                f"unknown policy type {name!r}; known types: {cls.known_choices()}"
+            ) from None
+
+    @classmethod
+    def known_choices(cls) -> list[str]:
+        return sorted(PreTrainedConfig._registry)
+
+    # --- features -------------------------------------------------------------------------
+
+    def validate_features(self) -> None:
+        """Check the feature dicts; subclasses add their own requirements."""
+        _check_features(self.input_features, "input_features")
+        _check_features(self.output_features, "output_features")
+        if ACTION not in self.output_features:
+            raise ValueError(
+                f"output_features must contain {ACTION!r}, got {sorted(self.output_features)}"
+            )
+        for key, ft in self.output_features.items():
+            if ft["type"] != "ACTION":
+                raise ValueError(f"output_features[{key!r}] must have type 'ACTION'")
+        for key, ft in self.input_features.items():
+            if ft["type"] == "ACTION":
+                raise ValueError(f"input_features[{key!r}] has type 'ACTION'; actions are outputs")
+
+    @property
+    def observation_delta_indices(self) -> list[int] | None:
+        """Frame offsets loaded for each observation; None means the current frame only."""
+        return None
+
+    @property
+    def action_delta_indices(self) -> list[int] | None:
+        """Frame offsets loaded for the action target; None means the current frame only."""
+        return None
+
+    # --- optimizer presets ----------------------------------------------------------------
+
+    def get_optimizer_preset(self) -> dict:
+        """Keyword arguments of torch.optim.AdamW the policy trains with by default."""
+        raise NotImplementedError(f"{type(self).__name__} defines no optimizer preset")
+
+    def get_scheduler_preset(self) -> dict | None:
+        """The learning-rate scheduler the policy trains with by default; None for a constant lr."""
+        return None
+
+    # --- serialization --------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"type": <name>, **fields}``, the content of config.json."""
+        type_name = getattr(type(self), "type", None)
+        if type_name is None:
+            raise TypeError(f"{type(self).__name__} is not registered with register_subclass")
+        return {"type": type_name, **dataclasses.asdict(self)}
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write ``config.json`` into ``directory`` (created if needed)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_dict(), indent=4)
+        (directory / CONFIG_NAME).write_text(text + "\n")
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> PreTrainedConfig:
+        """Read ``config.json`` from ``directory`` and build the config class named by its type."""
+        path = Path(directory) / CONFIG_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"no {CONFIG_NAME} in {directory}")
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} must hold a JSON object")
+        if "type" not in data:
+            raise ValueError(f"{path} has no 'type' key; known types: {cls.known_choices()}")
+        choice = cls.get_choice_class(data.pop("type"))
+        if not issubclass(choice, cls):
+            raise ValueError(f"{path} holds a {choice.type!r} config, not a {cls.__name__}")
+        known = {f.name for f in dataclasses.fields(choice) if f.init}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path} has unknown keys for policy type {choice.type!r}: {unknown}")
+        return choice(**data)
+
+
+def dataset_to_policy_features(info_features: dict) -> dict[str, dict]:
+    """Map a dataset's ``info["features"]`` onto policy features.
+
+    Images and videos become VISUAL (shape as channels-first), ``observation.environment_state``
+    ENV, other ``observation.*`` keys STATE and ``action`` ACTION; bookkeeping columns
+    (index, timestamp, frame_index, ...) are left out.
+    """
+    features: dict[str, dict] = {}
+    for key, ft in info_features.items():
+        shape = [int(d) for d in ft["shape"]]
+        if ft.get("dtype") in ("image", "video"):
+            names = ft.get("names")
+            if len(shape) == 3 and names and names[2] in ("channel", "channels"):
+                shape = [shape[2], shape[0], shape[1]]
+            features[key] = {"type": "VISUAL", "shape": shape}
+        elif key == OBS_ENV_STATE:
+            features[key] = {"type": "ENV", "shape": shape}
+        elif key.startswith(OBS_PREFIX):
+            features[key] = {"type": "STATE", "shape": shape}
+        elif key == ACTION:
+            features[key] = {"type": "ACTION", "shape": shape}
+    return features
+
+
+def _prepare_for_safetensors(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Detached, contiguous CPU tensors, with no two sharing storage (safetensors refuses that)."""
+    prepared: dict[str, Tensor] = {}
+    seen_storages: set[int] = set()
+    for key, tensor in state_dict.items():
+        if isinstance(tensor, DTensor):
+            raise ValueError(
+                f"state dict entry {key!r} is a sharded DTensor; gather a full state dict "
+                "and pass it as save_pretrained(..., state_dict=...)"
+            )
+        tensor = tensor.detach().to("cpu").contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in seen_storages:
+            tensor = tensor.clone()
+        else:
+            seen_storages.add(storage)
+        prepared[key] = tensor
+    return prepared
+
+
+class PreTrainedPolicy(nn.Module, abc.ABC):
+    """Base of every policy module.
+
+    ``forward`` takes an already normalized batch and returns ``(loss, loss_dict)``; the
+    processors in ``lerobot_pipe.processors`` normalize inputs and unnormalize actions.
+    """
+
+    config_class: ClassVar[type[PreTrainedConfig]]
+    name: ClassVar[str]
+    # Class names of the submodules that become FSDP2 wrap units.
+    _fsdp_wrap_modules: ClassVar[list[str]] = []
+
+    def __init__(self, config: PreTrainedConfig) -> None:
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_class.__name__}, "
+                f"got {type(config).__name__}"
+            )
+        config.validate_features()
+        self.config = config
+
+    def save_pretrained(
+        self, directory: str | Path, state_dict: dict[str, Tensor] | None = None
+    ) -> None:
+        """Write ``config.json`` and ``model.safetensors`` into ``directory``.
+
+        ``state_dict`` lets a caller pass a full state dict it gathered itself (FSDP2);
+        by default the module's own state dict is saved. Tensors keep their dtype.
+        """
+        directory = Path(directory)
+        self.config.save_pretrained(directory)
+        tensors = _prepare_for_safetensors(self.state_dict() if state_dict is None else state_dict)
+        save_file(tensors, str(directory / MODEL_SAFETENSORS), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        config: PreTrainedConfig | None = None,
+        map_location: str | torch.device = "cpu",
+        strict: bool = True,
+    ) -> Self:
+        """Build the policy from ``path`` (config.json unless ``config`` is given) and load its
+        weights from ``model.safetensors``. The policy is returned in eval mode, on
+        ``map_location``."""
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"policy folder {path} does not exist")
+        model_file = path / MODEL_SAFETENSORS
+        if not model_file.is_file():
+            if (path / MODEL_DCP_DIR).is_dir():
+                raise FileNotFoundError(
+                    f"{path} has no {MODEL_SAFETENSORS}: this checkpoint holds DCP shards only; "
+                    f"convert it first with: lerobot-convert-dcp --checkpoint_dir={path}"
+                )
+            raise FileNotFoundError(f"no {MODEL_SAFETENSORS} in {path}")
+        if config is None:
+            config = cls.config_class.from_pretrained(path)
+        policy = cls(config)
+        state_dict = load_file(str(model_file), device="cpu")
+        try:
+            result = policy.load_state_dict(state_dict, strict=False)
+        except RuntimeError as err:
+            raise RuntimeError(f"cannot load {model_file}: {err}") from err
+        if strict and (result.missing_keys or result.unexpected_keys):
+            raise RuntimeError(
+                f"{model_file} does not match {cls.__name__}: "
+                f"missing keys {result.missing_keys}, unexpected keys {result.unexpected_keys}"
+            )
+        policy.to(map_location)
+        policy.eval()
+        return policy
+
+    @abc.abstractmethod
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+        """Training loss on a normalized batch, and its parts as floats."""
+
+    @abc.abstractmethod
+    def select_action(self, batch: dict[str, Tensor]) -> Tensor:
+        """The next (normalized) action for a batch of observations."""
+
+    @abc.abstractmethod
+    def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
+        """A chunk of (normalized) actions for a batch of observations."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Clear the state kept between select_action calls (call at each episode start)."""

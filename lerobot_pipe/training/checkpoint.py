@@ -1,0 +1,570 @@
+"""The checkpoint contract: what is written, in what order, and what makes a checkpoint complete.
+
+Layout: see :mod:`lerobot_pipe.constants`. The rules, relied on by resume, conversion and the
+pipeline:
+
+1. Saving is a collective: every rank enters :func:`save_checkpoint`. DCP shards are written by
+   every rank; single files (safetensors, JSON) only by the main process.
+2. Everything is written into ``checkpoints/.tmp-<step>/``; ``training_state/training_step.json``
+   is written last inside it (itself via a temporary file and an atomic rename), every file is
+   fsynced, then the folder is renamed to ``checkpoints/<step>/``.
+3. A checkpoint is complete iff ``<step>/training_state/training_step.json`` exists. Nothing
+   else ever looks at an incomplete one; ``.tmp-*`` leftovers of a killed save are removed when
+   the next run starts.
+4. ``checkpoints/last`` is a relative symlink, replaced atomically and only ever pointing at a
+   complete checkpoint.
+
+No pickle is ever loaded: tensors go through safetensors, everything else through JSON; the only
+exception is DCP's own ``.metadata``, read only from this run's own output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from lerobot_pipe import constants as C
+from lerobot_pipe.distributed.runtime import barrier, gather_objects
+from lerobot_pipe.training.faults import fault_point
+
+log = logging.getLogger(__name__)
+
+TRAINING_STEP_KEYS = ("step", "dp_world_size", "batch_size", "grad_accum_steps", "parallelism")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used. The message names the file."""
+
+
+# --------------------------------------------------------------------------- names and discovery
+
+
+def step_folder_name(step: int, total_steps: int) -> str:
+    return f"{step:0{max(6, len(str(total_steps)))}d}"
+
+
+def checkpoints_dir(output_dir: str | Path) -> Path:
+    return Path(output_dir) / C.CHECKPOINTS_DIR
+
+
+def training_step_path(step_dir: Path) -> Path:
+    return step_dir / C.TRAINING_STATE_DIR / C.TRAINING_STEP
+
+
+def is_complete(step_dir: Path) -> bool:
+    return training_step_path(step_dir).is_file()
+
+
+def read_json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"missing checkpoint file: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"corrupt checkpoint file {path}: not valid JSON ({e})") from None
+
+
+def read_training_step(step_dir: Path) -> dict:
+    path = training_step_path(step_dir)
+    data = read_json_file(path)
+    if not isinstance(data, dict) or not isinstance(data.get("step"), int):
+        raise CheckpointError(f"corrupt checkpoint file {path}: no integer 'step'")
+    return data
+
+
+def list_complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete step folders, oldest first (by the step recorded in training_step.json)."""
+    root = checkpoints_dir(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        if child.name.startswith(".") or child.is_symlink() or not child.is_dir():
+            continue
+        if not is_complete(child):
+            continue
+        try:
+            found.append((read_training_step(child)["step"], child))
+        except CheckpointError as e:
+            log.warning("ignoring checkpoint %s: %s", child, e)
+    return [path for _, path in sorted(found)]
+
+
+def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
+    complete = list_complete_checkpoints(output_dir)
+    return complete[-1] if complete else None
+
+
+def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
+    """Delete ``.tmp-*`` folders left by a save that was killed (they were never complete)."""
+    root = checkpoints_dir(output_dir)
+    removed = []
+    if root.is_dir():
+        for child in root.iterdir():
+            if child.name.startswith(C.TMP_CHECKPOINT_PREFIX):
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(child)
+            elif child.is_dir() and not child.is_symlink() and not is_complete(child):
+                log.warning(
+                    "ignoring incomplete checkpoint folder %s (no %s)", child, C.TRAINING_STEP
+                )
+        for link in root.glob(".last*"):
+            link.unlink(missing_ok=True)
+    return removed
+
+
+def step_dir_from_path(path: str | Path) -> Path:
+    """Accept a step folder, its pretrained_model/, a train_config.json inside it, or a `last` link."""
+    path = Path(path)
+    if path.name == C.TRAIN_CONFIG_NAME:
+        path = path.parent
+    if path.name == C.PRETRAINED_MODEL_DIR:
+        path = path.parent
+    return path
+
+
+# --------------------------------------------------------------------------- file writing helpers
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=4) + "\n")
+    _fsync_file(tmp)
+    os.replace(tmp, path)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            _fsync_file(Path(dirpath) / name)
+        _fsync_dir(Path(dirpath))
+
+
+# --------------------------------------------------------------------------- state flattening
+
+
+def flatten_tensors(tree: dict, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Nested dict of tensors/numbers -> flat {"a/b/c": tensor} (the optimizer-state layout)."""
+    flat: dict[str, torch.Tensor] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten_tensors(value, name + "/"))
+        elif isinstance(value, torch.Tensor):
+            flat[name] = value.detach().cpu().contiguous()
+        else:
+            flat[name] = torch.tensor(value)
+    return flat
+
+
+def unflatten_tensors(flat: dict[str, torch.Tensor]) -> dict:
+    tree: dict = {}
+    for name, value in flat.items():
+        *parents, leaf = name.split("/")
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"missing checkpoint file: {path}")
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"corrupt checkpoint file {path}: {e}") from None
+
+
+# --------------------------------------------------------------------------- RNG
+
+
+def capture_rng_state() -> dict[str, torch.Tensor]:
+    version, mt_state, gauss = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python_version": torch.tensor(version),
+        "python_state": torch.tensor(mt_state, dtype=torch.int64),
+        "python_gauss": torch.tensor(float("nan") if gauss is None else gauss, dtype=torch.float64),
+        "numpy_keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+        "numpy_pos": torch.tensor(np_pos),
+        "numpy_has_gauss": torch.tensor(np_has_gauss),
+        "numpy_gauss": torch.tensor(np_gauss, dtype=torch.float64),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict[str, torch.Tensor]) -> None:
+    gauss = state["python_gauss"].item()
+    random.setstate(
+        (
+            int(state["python_version"].item()),
+            tuple(int(v) for v in state["python_state"].tolist()),
+            None if np.isnan(gauss) else gauss,
+        )
+    )
+    np.random.set_state(
+        (
+            "MT19937",
+            state["numpy_keys"].numpy().astype(np.uint32),
+            int(state["numpy_pos"].item()),
+            int(state["numpy_has_gauss"].item()),
+            float(state["numpy_gauss"].item()),
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# --------------------------------------------------------------------------- save
+
+
+@dataclass
+class CheckpointContext:
+    """What a save needs to know about the run besides the stateful objects."""
+
+    is_main: bool
+    sharded: bool  # FSDP2/HSDP: optimizer state (and optionally the model) go to DCP shards
+    checkpoint_format: str
+    rank: int
+    world_size: int
+
+
+def _full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    if not dist.is_initialized():
+        return {k: v.detach().cpu() for k, v in get_model_state_dict(model).items()}
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def _full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    if not dist.is_initialized():
+        return get_optimizer_state_dict(model, optimizer)
+    return get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def save_checkpoint(
+    *,
+    output_dir: Path,
+    step: int,
+    total_steps: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ctx: CheckpointContext,
+    write_pretrained: Callable[[Path, dict[str, torch.Tensor] | None], None],
+    training_step: dict,
+    scheduler: Any | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> Path:
+    """Write one complete checkpoint; every rank must call this.
+
+    ``write_pretrained(dir, full_state_dict_or_None)`` is called on the main process to write the
+    policy's config, weights (when the dict is given), processors and train_config.json.
+    """
+    ckpt_root = checkpoints_dir(output_dir)
+    name = step_folder_name(step, total_steps)
+    final = ckpt_root / name
+    tmp = ckpt_root / f"{C.TMP_CHECKPOINT_PREFIX}{name}"
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / C.PRETRAINED_MODEL_DIR).mkdir(parents=True)
+        (tmp / C.TRAINING_STATE_DIR).mkdir()
+    barrier()
+    fault_point("save:begin")
+    pretrained = tmp / C.PRETRAINED_MODEL_DIR
+    training_state = tmp / C.TRAINING_STATE_DIR
+    write_safetensors = ctx.checkpoint_format in ("safetensors", "safetensors_dcp")
+    write_dcp = ctx.checkpoint_format in ("dcp", "safetensors_dcp")
+
+    # Model: gathered full fp32 weights and/or DCP shards.
+    full_model = _full_model_state(model) if write_safetensors else None
+    if write_dcp:
+        dcp.save(get_model_state_dict(model), checkpoint_id=pretrained / C.MODEL_DCP_DIR)
+        fault_point("save:after_model_dcp")
+    if ctx.is_main:
+        write_pretrained(pretrained, full_model)
+    del full_model
+    fault_point("save:after_pretrained")
+
+    # Optimizer: DCP shards when sharded, else one safetensors file; param groups as JSON.
+    if ctx.sharded:
+        osd = get_optimizer_state_dict(model, optimizer)
+        dcp.save({"optimizer": osd["state"]}, checkpoint_id=training_state / C.OPTIMIZER_DCP_DIR)
+        param_groups = osd["param_groups"]
+    else:
+        osd = _full_optimizer_state(model, optimizer)  # empty on ranks other than 0
+        param_groups = osd.get("param_groups")
+        if ctx.is_main:
+            save_file(flatten_tensors(osd["state"]), training_state / C.OPTIMIZER_STATE)
+    del osd
+    fault_point("save:after_optimizer")
+
+    # Every rank's RNG, gathered to the main process.
+    rng_states = gather_objects(capture_rng_state())
+    if ctx.is_main:
+        write_json_atomic(training_state / C.OPTIMIZER_PARAM_GROUPS, param_groups)
+        flat_rng = {}
+        for rank, state in enumerate(rng_states):
+            flat_rng.update({f"rank{rank}/{k}": v for k, v in state.items()})
+        save_file(flat_rng, training_state / C.RNG_STATE)
+        fault_point("save:after_rng")
+        if scheduler is not None:
+            write_json_atomic(training_state / C.SCHEDULER_STATE, scheduler.state_dict())
+        if scaler is not None and scaler.is_enabled():
+            write_json_atomic(training_state / C.SCALER_STATE, _scaler_state(scaler))
+        _fsync_tree(tmp)
+        fault_point("save:before_training_step")
+        write_json_atomic(training_state / C.TRAINING_STEP, training_step)
+        _fsync_dir(training_state)
+        fault_point("save:before_rename")
+        _publish_step_folder(tmp, final)
+        fault_point("save:before_last_link")
+        update_last_link(ckpt_root, name)
+        fault_point("save:end")
+    barrier()
+    return final
+
+
+def _scaler_state(scaler: torch.amp.GradScaler) -> dict:
+    return {
+        k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in scaler.state_dict().items()
+    }
+
+
+def _publish_step_folder(tmp: Path, final: Path) -> None:
+    """Rename the finished temporary folder into place; an older copy at the same step (a rerun of
+    the same step) is moved aside first and removed only after the new one is in place."""
+    old = None
+    if final.exists():
+        old = final.with_name(f"{C.TMP_CHECKPOINT_PREFIX}old-{final.name}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def update_last_link(ckpt_root: Path, name: str) -> None:
+    link = ckpt_root / C.LAST_CHECKPOINT_LINK
+    tmp_link = ckpt_root / f".{C.LAST_CHECKPOINT_LINK}.tmp"
+    tmp_link.unlink(missing_ok=True)
+    os.symlink(name, tmp_link)
+    os.replace(tmp_link, link)
+    _fsync_dir(ckpt_root)
+
+
+# --------------------------------------------------------------------------- load
+
+
+@dataclass
+class LoadedState:
+    training_step: dict
+    rng_restored: bool
+
+
+def validate_checkpoint_layout(step_dir: Path) -> dict:
+    """Check that a step folder is a complete checkpoint of this project's layout; return its
+    training_step.json. Called before any process group starts."""
+    if not step_dir.exists():
+        raise CheckpointError(f"checkpoint folder not found: {step_dir}")
+    resolved = step_dir.resolve()
+    if not resolved.is_dir():
+        raise CheckpointError(f"checkpoint path is not a folder (dangling link?): {step_dir}")
+    if not is_complete(resolved):
+        raise CheckpointError(
+            f"incomplete checkpoint {step_dir}: {training_step_path(step_dir)} is missing (the save "
+            "did not finish); resume from an earlier complete checkpoint"
+        )
+    info = read_training_step(resolved)
+    ts = resolved / C.TRAINING_STATE_DIR
+    has_dcp_optim = (ts / C.OPTIMIZER_DCP_DIR).is_dir()
+    has_flat_optim = (ts / C.OPTIMIZER_STATE).is_file()
+    if has_flat_optim and not has_dcp_optim and "dp_shard" not in info.get("parallelism", {}):
+        raise CheckpointError(
+            f"{resolved} looks like a LeRobot 0.6 sharded checkpoint (one aggregated "
+            f"{C.OPTIMIZER_STATE}, no {C.OPTIMIZER_DCP_DIR}/ and no topology in {C.TRAINING_STEP}); "
+            "lerobot_pipe cannot reshard it: start a new run from its weights with --policy.path"
+        )
+    if not has_dcp_optim and not has_flat_optim:
+        raise CheckpointError(
+            f"checkpoint {resolved} has no optimizer state ({C.OPTIMIZER_STATE} or {C.OPTIMIZER_DCP_DIR}/)"
+        )
+    pretrained = resolved / C.PRETRAINED_MODEL_DIR
+    if not any(
+        (pretrained / n).exists()
+        for n in (C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS, C.MODEL_DCP_DIR)
+    ):
+        raise CheckpointError(f"checkpoint {pretrained} holds no model weights")
+    return info
+
+
+def load_checkpoint(
+    step_dir: Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rank: int,
+    world_size: int,
+    scheduler: Any | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    model_key_map: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+) -> LoadedState:
+    """Restore model, optimizer, scheduler, scaler and this rank's RNG from a complete checkpoint,
+    onto whatever topology ``model`` is wrapped for (resharding as needed). Collective."""
+    step_dir = step_dir.resolve()
+    pretrained = step_dir / C.PRETRAINED_MODEL_DIR
+    training_state = step_dir / C.TRAINING_STATE_DIR
+    info = read_training_step(step_dir)
+    is_main = rank == 0
+    distributed = dist.is_initialized()
+
+    # Model.
+    dcp_model = pretrained / C.MODEL_DCP_DIR
+    weights_file = next(
+        (
+            pretrained / n
+            for n in (C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS)
+            if (pretrained / n).is_file()
+        ),
+        None,
+    )
+    if weights_file is not None and weights_file.name == C.MODEL_SAFETENSORS:
+        full = load_safetensors(weights_file) if (is_main or not distributed) else {}
+        if model_key_map is not None and full:
+            full = model_key_map(full)
+        _set_model_full(model, full, distributed)
+    elif dcp_model.is_dir():
+        sd = get_model_state_dict(model)
+        _dcp_load(sd, dcp_model)
+        set_model_state_dict(model, sd)
+    else:
+        raise CheckpointError(f"checkpoint {pretrained} holds no loadable model weights")
+
+    # Optimizer.
+    dcp_optim = training_state / C.OPTIMIZER_DCP_DIR
+    if dcp_optim.is_dir():
+        osd = get_optimizer_state_dict(model, optimizer)
+        box = {"optimizer": osd["state"]}
+        _dcp_load(box, dcp_optim)
+        osd["state"] = box["optimizer"]
+        set_optimizer_state_dict(model, optimizer, osd)
+    else:
+        groups = read_json_file(training_state / C.OPTIMIZER_PARAM_GROUPS)
+        if is_main or not distributed:
+            state = unflatten_tensors(load_safetensors(training_state / C.OPTIMIZER_STATE))
+            full_osd = {"state": state, "param_groups": groups}
+        else:
+            full_osd = {}
+        _set_optimizer_full(model, optimizer, full_osd, distributed)
+
+    if scheduler is not None:
+        path = training_state / C.SCHEDULER_STATE
+        if path.is_file():
+            scheduler.load_state_dict(read_json_file(path))
+        else:
+            log.warning("checkpoint has no %s: the scheduler starts fresh", path)
+    if scaler is not None and scaler.is_enabled():
+        path = training_state / C.SCALER_STATE
+        if path.is_file():
+            scaler.load_state_dict(read_json_file(path))
+        else:
+            log.warning("checkpoint has no %s: the fp16 loss scale starts fresh", path)
+
+    rng_restored = _restore_rank_rng(training_state / C.RNG_STATE, rank, world_size, info)
+    barrier()
+    return LoadedState(training_step=info, rng_restored=rng_restored)
+
+
+def _dcp_load(state: dict, path: Path) -> None:
+    if not (path / ".metadata").is_file():
+        raise CheckpointError(f"missing DCP metadata: {path / '.metadata'}")
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except Exception as e:  # noqa: BLE001 - DCP wraps reader errors in many types
+        raise CheckpointError(
+            f"cannot load DCP checkpoint {path}: {type(e).__name__}: {e}"
+        ) from None
+
+
+def _set_model_full(model: nn.Module, full: dict[str, torch.Tensor], distributed: bool) -> None:
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
+    try:
+        set_model_state_dict(model, full, options=options)
+    except (RuntimeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint weights do not fit this model: {e}") from None
+
+
+def _set_optimizer_full(
+    model: nn.Module, optimizer: torch.optim.Optimizer, osd: dict, distributed: bool
+) -> None:
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
+    set_optimizer_state_dict(model, optimizer, osd, options=options)
+
+
+def _restore_rank_rng(path: Path, rank: int, world_size: int, info: dict) -> bool:
+    flat = load_safetensors(path)
+    saved_world = info.get("world_size", info.get("dp_world_size"))
+    prefix = f"rank{rank}/"
+    mine = {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
+    if not mine:
+        # More ranks than were saved: start from rank 0's state, then decorrelate this rank.
+        mine = {k[len("rank0/") :]: v for k, v in flat.items() if k.startswith("rank0/")}
+        if not mine:
+            raise CheckpointError(f"corrupt checkpoint file {path}: no RNG state for rank 0")
+        restore_rng_state(mine)
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,)).item()) + rank)
+    else:
+        restore_rng_state(mine)
+    exact = saved_world == world_size
+    if not exact and rank == 0:
+        log.warning(
+            "checkpoint was written by %s rank(s), this run has %s: each rank's RNG is seeded from "
+            "a saved rank's state, so random layers (dropout, VAE sampling) will not replay exactly",
+            saved_world,
+            world_size,
+        )
+    return exact

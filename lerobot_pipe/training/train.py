@@ -1,0 +1,387 @@
+"""The training loop: one function, its branches visible (DDP / FSDP2 / HSDP, accumulation,
+mixed precision, checkpointing, resume).
+
+Counting: ``step`` counts loop steps, i.e. micro-batches per worker. One loop step consumes one
+global batch of ``batch_size x dp_world_size`` samples; the optimizer updates every
+``gradient_accumulation.steps`` loop steps; the LR scheduler steps every loop step (as LeRobot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from lerobot_pipe import constants as C
+from lerobot_pipe.configs.parser import to_dict
+from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
+from lerobot_pipe.distributed.parallelize import apply_parallelism, autocast_dtype
+from lerobot_pipe.distributed.runtime import DistEnv, destroy, init_distributed
+from lerobot_pipe.policies.factory import make_policy
+from lerobot_pipe.processors import load_processors, make_pre_post_processors, save_processors
+from lerobot_pipe.training import faults
+from lerobot_pipe.training.checkpoint import (
+    CheckpointContext,
+    load_checkpoint,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
+from lerobot_pipe.training.optim import make_optimizer, make_scheduler, resolve_optimizer
+from lerobot_pipe.training.plan import TrainingPlan
+
+log = logging.getLogger("lerobot_pipe.train")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def banner(plan: TrainingPlan, env: DistEnv, num_params: tuple[int, int]) -> str:
+    cfg, dims = plan.cfg, plan.dims
+    ga = cfg.accelerator.gradient_accumulation.steps
+    eff = cfg.batch_size * dims.dp_world_size * ga
+    lines = [
+        f"Effective batch size: {cfg.batch_size} x {dims.dp_world_size} dp workers x {ga} grad accum = {eff} "
+        f"(topology: dp_replicate={dims.dp_replicate}, dp_shard={dims.dp_shard}, {dims.mode})",
+        f"Processes: {env.world_size} ({env.backend or 'no process group'}, device {env.device.type}); "
+        f"precision: {cfg.accelerator.mixed_precision}; checkpoint format: {cfg.checkpoint_format}",
+        f"Policy: {cfg.policy.type}, {num_params[0]:,} parameters ({num_params[1]:,} trainable); "
+        f"dataset: {plan.dataset.root} ({len(plan.dataset)} frames, {plan.dataset.num_episodes} episodes)",
+        f"Steps: {cfg.steps} loop steps (micro-batches per worker); save every {cfg.save_freq or 'end'}; "
+        f"output: {plan.output_dir}",
+    ]
+    if plan.resume_from is not None:
+        lines.append(f"Resuming from {plan.resume_from} (step {plan.start_step})")
+    return "\n".join(lines)
+
+
+def _training_step_record(plan: TrainingPlan, step: int, samples: int) -> dict:
+    cfg, dims = plan.cfg, plan.dims
+    return {
+        "step": step,
+        "samples_consumed": samples,
+        "dp_world_size": dims.dp_world_size,
+        "world_size": dims.world_size,
+        "batch_size": cfg.batch_size,
+        "global_batch_size": cfg.batch_size * dims.dp_world_size,
+        "grad_accum_steps": cfg.accelerator.gradient_accumulation.steps,
+        "precision": cfg.accelerator.mixed_precision,
+        "parallelism": dims.to_dict(),
+        "sharded": dims.is_sharded,
+        "checkpoint_format": cfg.checkpoint_format,
+        "seed": cfg.seed,
+    }
+
+
+def _explain_resume(plan: TrainingPlan, env: DistEnv) -> int:
+    """Log what changed since the checkpoint; return the global sample position to continue at."""
+    info = plan.resume_info
+    samples = int(
+        info.get("samples_consumed", info["step"] * info["batch_size"] * info["dp_world_size"])
+    )
+    if not env.is_main:
+        return samples
+    old_topology = info.get("parallelism", {})
+    now = plan.dims.to_dict()
+    changes = [
+        f"{k}: {old_topology.get(k)} -> {now[k]}"
+        for k in ("dp_replicate", "dp_shard", "world_size")
+        if old_topology.get(k) != now[k]
+    ]
+    if changes:
+        log.info(
+            "Topology changed since the checkpoint (%s); state is resharded on load",
+            ", ".join(changes),
+        )
+    old_global = info.get("global_batch_size", info["batch_size"] * info["dp_world_size"])
+    new_global = plan.cfg.batch_size * plan.dims.dp_world_size
+    if old_global != new_global:
+        log.warning(
+            "global batch changed (%d -> %d samples per step): the run continues at sample %d of "
+            "the same data order, but it is not sample-exact with an uninterrupted run",
+            old_global,
+            new_global,
+            samples,
+        )
+    return samples
+
+
+def _write_pretrained_fn(plan: TrainingPlan, policy, pre, post):
+    def write(directory: Path, full_state: dict | None) -> None:
+        if full_state is not None:
+            policy.save_pretrained(directory, state_dict=full_state)
+        else:
+            policy.config.save_pretrained(directory)
+        save_processors(directory, pre, post)
+        (directory / C.TRAIN_CONFIG_NAME).write_text(json.dumps(to_dict(plan.cfg), indent=4) + "\n")
+
+    return write
+
+
+def _reduce_mean(values: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        values /= dist.get_world_size()
+    return values
+
+
+class MetricsLog:
+    """metrics.jsonl in the output dir (main rank), plus trackio when enabled."""
+
+    def __init__(self, plan: TrainingPlan, is_main: bool) -> None:
+        self.path = plan.output_dir / "metrics.jsonl"
+        self.enabled = is_main
+        self.trackio = None
+        if not is_main:
+            return
+        if self.path.exists():  # drop lines beyond the resumed step so the curve stays one run
+            keep = [
+                ln
+                for ln in self.path.read_text().splitlines()
+                if ln and json.loads(ln)["step"] <= plan.start_step
+            ]
+            self.path.write_text("".join(ln + "\n" for ln in keep))
+        if plan.cfg.trackio.enable:
+            import trackio
+
+            self.trackio = trackio
+            trackio.init(
+                project=plan.cfg.trackio.project,
+                name=plan.cfg.trackio.run_name or plan.cfg.job_name,
+                config=to_dict(plan.cfg),
+                resume="allow",
+            )
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.trackio is not None:
+            self.trackio.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def close(self) -> None:
+        if self.trackio is not None:
+            self.trackio.finish()
+
+
+def train(plan: TrainingPlan) -> Path | None:
+    """Run the planned training; returns the last checkpoint folder written (None if none)."""
+    env = init_distributed()
+    try:
+        return _train(plan, env)
+    finally:
+        destroy()
+
+
+def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
+    cfg, dims = plan.cfg, plan.dims
+    ga = cfg.accelerator.gradient_accumulation.steps
+    if env.is_main:
+        plan.output_dir.mkdir(parents=True, exist_ok=True)
+        removed = remove_stale_temporaries(plan.output_dir)
+        for path in removed:
+            log.info("removed unfinished checkpoint write %s", path)
+
+    # The model is initialized identically on every rank; randomness after that is per rank.
+    seed_everything(cfg.seed)
+    policy = make_policy(cfg.policy, plan.dataset.features)
+    policy.train()
+    if plan.resume_from is not None:
+        pre, post = load_processors(plan.resume_from / C.PRETRAINED_MODEL_DIR)
+    elif (
+        cfg.policy.pretrained_path
+        and (Path(cfg.policy.pretrained_path) / f"{C.POLICY_PREPROCESSOR_NAME}.json").is_file()
+    ):
+        pre, post = load_processors(cfg.policy.pretrained_path)
+    else:
+        pre, post = make_pre_post_processors(cfg.policy, plan.dataset.stats)
+    pre = pre.to(env.device)
+    n_params = sum(p.numel() for p in policy.parameters())
+    n_trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+
+    model = apply_parallelism(policy, dims, env, cfg.accelerator, type(policy)._fsdp_wrap_modules)
+    optimizer = make_optimizer(model.parameters(), resolve_optimizer(cfg.optimizer, cfg.policy))
+    scheduler = make_scheduler(optimizer, cfg.scheduler, cfg.steps)
+    amp_dtype = autocast_dtype(cfg.accelerator, dims)
+    scaler = torch.amp.GradScaler(
+        env.device.type, enabled=cfg.accelerator.mixed_precision == "fp16"
+    )
+    seed_everything(cfg.seed + env.rank)
+
+    start_step, samples = 0, 0
+    if plan.resume_from is not None:
+        load_checkpoint(
+            plan.resume_from,
+            model=model,
+            optimizer=optimizer,
+            rank=env.rank,
+            world_size=env.world_size,
+            scheduler=scheduler,
+            scaler=scaler,
+        )
+        start_step = plan.start_step
+        samples = _explain_resume(plan, env)
+
+    if env.is_main:
+        log.info("\n%s", banner(plan, env, (n_params, n_trainable)))
+    if start_step >= cfg.steps:
+        if env.is_main:
+            log.info(
+                "Checkpoint step %d already reaches --steps=%d: nothing to train",
+                start_step,
+                cfg.steps,
+            )
+        return plan.resume_from
+
+    sampler = GlobalBatchSampler(
+        len(plan.dataset),
+        cfg.batch_size,
+        dp_rank=env.rank,
+        dp_world_size=dims.dp_world_size,
+        seed=cfg.seed,
+        start_sample=samples,
+    )
+    prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers)
+    metrics = MetricsLog(plan, env.is_main)
+    ctx = CheckpointContext(
+        env.is_main, dims.is_sharded, cfg.checkpoint_format, env.rank, env.world_size
+    )
+    write_pretrained = _write_pretrained_fn(plan, policy, pre, post)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    progress = _progress_bar(env.is_main, start_step, cfg.steps)
+    autocast = (
+        torch.autocast(env.device.type, dtype=amp_dtype)
+        if amp_dtype is not None
+        else contextlib.nullcontext()
+    )
+    is_ddp = isinstance(model, DistributedDataParallel)
+    running = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss sum, count
+    window_start, window_samples = time.perf_counter(), 0
+    last_saved = None
+    grad_norm = torch.zeros((), device=env.device)
+    try:
+        for step in range(start_step + 1, cfg.steps + 1):
+            faults.set_step(step)
+            batch = prefetcher.next()
+            batch = pre({k: v.to(env.device, non_blocking=True) for k, v in batch.items()})
+            sync = step % ga == 0
+            if dims.is_sharded:
+                model.set_requires_gradient_sync(sync)
+            no_sync = model.no_sync() if (is_ddp and not sync) else contextlib.nullcontext()
+            with no_sync:
+                with autocast:
+                    loss, _ = model(batch)
+                scaler.scale(loss / ga).backward()
+            faults.fault_point("train:after_backward")
+            if sync:
+                scaler.unscale_(optimizer)
+                if cfg.optimizer.grad_clip_norm > 0:
+                    grad_norm = nn.utils.clip_grad_norm_(trainable, cfg.optimizer.grad_clip_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
+            running[0] += loss.detach().float()
+            running[1] += 1
+            window_samples += cfg.batch_size * dims.dp_world_size
+            progress.update(1)
+
+            if step % cfg.log_freq == 0 or step == cfg.steps:
+                stats = _reduce_mean(running.clone())
+                elapsed = time.perf_counter() - window_start
+                record = {
+                    "step": step,
+                    "loss": stats[0].item() / max(stats[1].item(), 1),
+                    "grad_norm": float(
+                        grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                    ),
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "samples_per_s": window_samples / elapsed if elapsed > 0 else 0.0,
+                    "epoch": sampler.samples_consumed / len(plan.dataset),
+                }
+                metrics.log(record)
+                if env.is_main:
+                    progress.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
+                    log.info(
+                        "step %d/%d loss %.5f grad_norm %.3f lr %.2e %.1f samples/s",
+                        step,
+                        cfg.steps,
+                        record["loss"],
+                        record["grad_norm"],
+                        record["lr"],
+                        record["samples_per_s"],
+                    )
+                running.zero_()
+                window_start, window_samples = time.perf_counter(), 0
+
+            if cfg.save_checkpoint and (
+                (cfg.save_freq > 0 and step % cfg.save_freq == 0) or step == cfg.steps
+            ):
+                last_saved = save_checkpoint(
+                    output_dir=plan.output_dir,
+                    step=step,
+                    total_steps=cfg.steps,
+                    model=model,
+                    optimizer=optimizer,
+                    ctx=ctx,
+                    write_pretrained=write_pretrained,
+                    training_step=_training_step_record(plan, step, sampler.samples_consumed),
+                    scheduler=scheduler,
+                    scaler=scaler,
+                )
+                if env.is_main:
+                    log.info("Saved checkpoint %s", last_saved)
+                window_start = time.perf_counter()
+    finally:
+        prefetcher.close()
+        progress.close()
+        metrics.close()
+    if last_saved is not None and cfg.policy.push_to_hub:
+        _push_final(plan, last_saved)
+    return last_saved
+
+
+def _push_final(plan: TrainingPlan, step_dir: Path) -> None:
+    from lerobot_pipe.distributed.runtime import run_on_main
+    from lerobot_pipe.hub.publish import publish_checkpoint
+
+    repo_id = plan.cfg.policy.repo_id
+    run_on_main(
+        publish_checkpoint,
+        step_dir,
+        repo_id,
+        intermediate=False,
+        step=int(step_dir.name),
+        private=plan.cfg.policy.private,
+    )
+    log.info("Pushed %s to %s", step_dir / C.PRETRAINED_MODEL_DIR, repo_id)
+
+
+def _progress_bar(is_main: bool, start: int, total: int):
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    return tqdm(
+        total=total,
+        initial=start,
+        disable=not is_main,
+        desc="train",
+        unit="step",
+        mininterval=1.0 if tty else 30.0,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )

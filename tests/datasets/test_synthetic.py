@@ -1,0 +1,144 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_pipe.constants import DATASET_CODEBASE_VERSION
+from lerobot_pipe.datasets import DatasetError, LeRobotDataset, write_synthetic_dataset
+
+VECTOR_KEYS = ["observation.state", "observation.environment_state", "action"]
+
+
+def _data(root: Path) -> dict[str, np.ndarray]:
+    table = pq.read_table(root / "data/chunk-000/file-000.parquet")
+    return {name: np.array(table[name].to_pylist()) for name in table.column_names}
+
+
+def test_reader_opens_written_dataset(
+    synthetic_root: Path, synthetic_params: dict[str, int]
+) -> None:
+    num_episodes, length, fps = (
+        synthetic_params[k] for k in ("num_episodes", "episode_length", "fps")
+    )
+    ds = LeRobotDataset(synthetic_root)
+    assert len(ds) == ds.num_frames == num_episodes * length
+    assert ds.num_episodes == num_episodes
+    assert ds.fps == fps
+    item = ds[0]
+    for key in VECTOR_KEYS:
+        assert item[key].shape == (2,)
+    assert (synthetic_root / "README.md").is_file()
+
+
+def test_info_matches_data(synthetic_root: Path, synthetic_params: dict[str, int]) -> None:
+    num_episodes, length = synthetic_params["num_episodes"], synthetic_params["episode_length"]
+    info = json.loads((synthetic_root / "meta/info.json").read_text())
+    data = _data(synthetic_root)
+    assert info["codebase_version"] == DATASET_CODEBASE_VERSION
+    assert info["robot_type"] == "synthetic_point2d"
+    assert info["total_frames"] == len(data["index"]) == num_episodes * length
+    assert info["total_episodes"] == num_episodes
+    assert info["total_tasks"] == 1
+    assert info["chunks_size"] == 1000
+    assert info["splits"] == {"train": f"0:{num_episodes}"}
+    assert info["video_path"] is None
+    assert info["data_path"].format(chunk_index=0, file_index=0) == (
+        "data/chunk-000/file-000.parquet"
+    )
+    assert set(info["features"]) == set(data)
+    for key, feature in info["features"].items():
+        assert data[key].shape[1:] == tuple(feature["shape"]) or feature["shape"] == [1]
+    schema = pq.read_schema(synthetic_root / "data/chunk-000/file-000.parquet")
+    assert str(schema.field("timestamp").type) == "float"
+    assert str(schema.field("index").type) == "int64"
+    assert str(schema.field("action").type) == "list<element: float>"
+
+
+def test_stats_match_data(synthetic_root: Path) -> None:
+    stats = json.loads((synthetic_root / "meta/stats.json").read_text())
+    data = _data(synthetic_root)
+    for key, values in data.items():
+        values = values.reshape(len(values), -1).astype(np.float64)
+        np.testing.assert_allclose(stats[key]["mean"], values.mean(0), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(stats[key]["std"], values.std(0), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(stats[key]["min"], values.min(0))
+        np.testing.assert_allclose(stats[key]["max"], values.max(0))
+        np.testing.assert_allclose(stats[key]["q50"], np.quantile(values, 0.5, axis=0))
+        assert stats[key]["count"] == [len(values)]
+        assert {"q01", "q10", "q90", "q99"} <= set(stats[key])
+
+
+def test_episodes_and_tasks_metadata(
+    synthetic_root: Path, synthetic_params: dict[str, int]
+) -> None:
+    num_episodes, length = synthetic_params["num_episodes"], synthetic_params["episode_length"]
+    episodes = pd.read_parquet(synthetic_root / "meta/episodes/chunk-000/file-000.parquet")
+    data = _data(synthetic_root)
+    assert episodes["episode_index"].tolist() == list(range(num_episodes))
+    assert (episodes["length"] == length).all()
+    assert list(episodes["tasks"].iloc[0]) == ["Move the point to the goal."]
+    for row in episodes.itertuples():
+        rows = slice(row.dataset_from_index, row.dataset_to_index)
+        assert (data["episode_index"][rows] == row.episode_index).all()
+    mean = np.stack(episodes["stats/action/mean"].to_numpy())
+    np.testing.assert_allclose(
+        mean[2], data["action"][2 * length : 3 * length].mean(0), rtol=1e-6, atol=1e-7
+    )
+    tasks = pd.read_parquet(synthetic_root / "meta/tasks.parquet")
+    assert tasks.loc["Move the point to the goal.", "task_index"] == 0
+
+
+def test_expert_reaches_goal_with_bounded_speed(
+    synthetic_root: Path, synthetic_params: dict[str, int]
+) -> None:
+    length, fps = synthetic_params["episode_length"], synthetic_params["fps"]
+    data = _data(synthetic_root)
+    state, goal, action = (data[key] for key in VECTOR_KEYS)
+    step = np.linalg.norm(action - state, axis=1)
+    assert step.max() < 1.0 / fps + 0.05
+    last = data["frame_index"] == length - 1
+    first = data["frame_index"] == 0
+    assert (
+        np.linalg.norm(state[last] - goal[last], axis=1).mean()
+        < np.linalg.norm(state[first] - goal[first], axis=1).mean()
+    )
+    # The agent tracks its command: next state == previous action within an episode.
+    same_episode = data["episode_index"][1:] == data["episode_index"][:-1]
+    np.testing.assert_array_equal(state[1:][same_episode], action[:-1][same_episode])
+
+
+def test_deterministic_and_seed_dependent(tmp_path: Path) -> None:
+    a = write_synthetic_dataset(tmp_path / "a", num_episodes=2, episode_length=5, seed=1)
+    b = write_synthetic_dataset(tmp_path / "b", num_episodes=2, episode_length=5, seed=1)
+    c = write_synthetic_dataset(tmp_path / "c", num_episodes=2, episode_length=5, seed=2)
+    np.testing.assert_array_equal(_data(a)["action"], _data(b)["action"])
+    assert not np.array_equal(_data(a)["action"], _data(c)["action"])
+
+
+def test_idempotent_refuse_and_overwrite(tmp_path: Path) -> None:
+    root = write_synthetic_dataset(tmp_path / "ds", num_episodes=2, episode_length=5)
+    info = root / "meta/info.json"
+    mtime = info.stat().st_mtime_ns
+    assert write_synthetic_dataset(root, num_episodes=2, episode_length=5) == root
+    assert info.stat().st_mtime_ns == mtime  # same parameters: nothing rewritten
+
+    with pytest.raises(DatasetError, match="overwrite=True"):
+        write_synthetic_dataset(root, num_episodes=3, episode_length=5)
+    write_synthetic_dataset(root, num_episodes=3, episode_length=5, overwrite=True)
+    assert LeRobotDataset(root).num_episodes == 3
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("user data")
+    with pytest.raises(DatasetError, match="other"):
+        write_synthetic_dataset(other)
+    assert (other / "keep.txt").read_text() == "user data"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    write_synthetic_dataset(empty, num_episodes=1, episode_length=3)
+    assert LeRobotDataset(empty).num_frames == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "empty", "other"]

@@ -1,0 +1,77 @@
+"""An in-process multi-process launcher for tests: forks ``world_size`` ranks with the same
+environment torchrun would give them (real gloo process groups), much cheaper than torchrun."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(
+    fn: Callable, rank: int, world_size: int, port: int, env: dict, args: tuple, queue
+) -> None:
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            **env,
+        }
+    )
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        queue.put((rank, "ok", fn(*args)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def run_distributed(
+    fn: Callable, world_size: int, *args: Any, env: dict | None = None, timeout: float = 240
+) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` forked ranks; return the per-rank results (rank order).
+    Any rank's exception fails the call with that rank's traceback."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_child, args=(fn, r, world_size, port, env or {}, args, queue), daemon=True
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors = []
+    try:
+        for _ in range(world_size):
+            rank, status, value = queue.get(timeout=timeout)
+            if status == "ok":
+                results[rank] = value
+            else:
+                errors.append(f"rank {rank}: {value}")
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not errors else 1)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,42 @@
+"""Flags for a tiny, fast ACT and a helper to run lerobot-train's library path in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TINY_ACT = {
+    "policy.type": "act",
+    "policy.chunk_size": 10,
+    "policy.n_action_steps": 10,
+    "policy.dim_model": 32,
+    "policy.n_heads": 2,
+    "policy.dim_feedforward": 64,
+    "policy.n_encoder_layers": 2,
+    "policy.n_decoder_layers": 1,
+    "policy.n_vae_encoder_layers": 1,
+    "policy.latent_dim": 8,
+}
+DETERMINISTIC = {"policy.dropout": 0.0, "policy.use_vae": False}
+
+
+def tiny_act_flags(**overrides) -> list[str]:
+    flags = {**TINY_ACT, "optimizer.lr": 1e-3, "num_workers": 0, "log_freq": 1, **overrides}
+    return [f"--{k}={v}" for k, v in flags.items() if v is not None]
+
+
+def run_train(argv: list[str]):
+    """lerobot-train's library path in this process (a rank of run_distributed, or single)."""
+    import os
+
+    from lerobot_pipe.training.plan import make_plan
+    from lerobot_pipe.training.train import train
+
+    plan = make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
+    out = train(plan)
+    return str(out) if out else None
+
+
+def losses(output_dir: str | Path) -> dict[int, float]:
+    lines = (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
+    return {rec["step"]: rec["loss"] for rec in map(json.loads, lines)}
