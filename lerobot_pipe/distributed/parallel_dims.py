@@ -54,27 +54,32 @@ def _check_degree(name: str, value: int | None) -> None:
 
 
 def resolve_parallelism(cfg: ParallelismConfig, world_size: int) -> ParallelDims:
-    """Resolve the requested degrees for ``world_size`` processes (unset = DDP, -1 = the rest)."""
+    """Resolve the requested degrees for ``world_size`` processes.
+
+    Unset ``dp_shard`` is 1; unset ``dp_replicate`` and ``-1`` take whatever the other degree
+    leaves (or 1 when dp_shard is -1), so no flags on N processes is DDP and
+    ``--parallelism.dp_shard=-1`` is FSDP2 over all of them.
+    """
     _check_degree("dp_replicate", cfg.dp_replicate)
     _check_degree("dp_shard", cfg.dp_shard)
-    replicate, shard = cfg.dp_replicate, cfg.dp_shard
-    if replicate == -1 and shard == -1:
+    if cfg.dp_replicate == -1 and cfg.dp_shard == -1:
         raise ConfigError("--parallelism.dp_replicate and --parallelism.dp_shard cannot both be -1")
-    if shard is None:
-        shard = 1
-    if replicate is None:
-        replicate = -1
-    for name, degree, other in (("dp_replicate", replicate, shard), ("dp_shard", shard, replicate)):
-        if degree == -1:
-            if world_size % other:
-                raise ConfigError(
-                    f"--parallelism.{name}=-1: world size {world_size} is not divisible by "
-                    f"the other degree {other}"
-                )
-            if name == "dp_replicate":
-                replicate = world_size // other
-            else:
-                shard = world_size // other
+    shard = 1 if cfg.dp_shard is None else cfg.dp_shard
+    if cfg.dp_replicate is None:
+        replicate = 1 if shard == -1 else -1
+    else:
+        replicate = cfg.dp_replicate
+    fixed_name, fixed = ("dp_shard", shard) if replicate == -1 else ("dp_replicate", replicate)
+    if -1 in (replicate, shard):
+        if world_size % fixed:
+            raise ConfigError(
+                f"--parallelism.{fixed_name}={fixed} does not divide the world size {world_size} "
+                f"(WORLD_SIZE); launch a multiple of {fixed} processes or change the degree"
+            )
+        if replicate == -1:
+            replicate = world_size // shard
+        else:
+            shard = world_size // replicate
     if replicate * shard != world_size:
         raise ConfigError(
             f"--parallelism.dp_replicate={replicate} x --parallelism.dp_shard={shard} = "

@@ -1,0 +1,192 @@
+"""``lerobot-pipe``: the small commands the pipeline's rules call (each a library function).
+
+lerobot-pipe make-dataset --root=DIR [--num_episodes=N --episode_length=N --fps=N --seed=N]
+lerobot-pipe validate --nproc_per_node=N [--nnodes=M] [--write_resolved=PATH] <lerobot-train flags>
+lerobot-pipe resume-args --output_dir=DIR
+lerobot-pipe list-checkpoints --output_dir=DIR
+lerobot-pipe publish --pretrained_dir=DIR --repo_id=R [--step=N --intermediate=false
+                     --private=false --endpoint=URL --receipt=PATH]
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from lerobot_pipe.configs.parser import ConfigError, convert_value, split_flags
+from lerobot_pipe.scripts.logs import setup_logging
+
+log = logging.getLogger("lerobot_pipe.cli")
+
+
+def _take(flags: dict[str, str], name: str, tp, default=None, required: bool = False):
+    if name not in flags:
+        if required:
+            raise ConfigError(f"--{name} is required")
+        return default
+    return convert_value(flags.pop(name), tp, name)
+
+
+def _no_more(flags: dict[str, str], command: str, allowed: list[str]) -> None:
+    if flags:
+        raise ConfigError(
+            f"{command}: unknown flag(s) {', '.join('--' + f for f in flags)}; allowed: "
+            f"{', '.join('--' + a for a in allowed)}"
+        )
+
+
+def cmd_make_dataset(argv: list[str]) -> int:
+    from lerobot_pipe.datasets import write_synthetic_dataset
+
+    flags = split_flags(argv)
+    allowed = ["root", "num_episodes", "episode_length", "fps", "seed", "overwrite"]
+    kwargs = {
+        "num_episodes": _take(flags, "num_episodes", int, 50),
+        "episode_length": _take(flags, "episode_length", int, 100),
+        "fps": _take(flags, "fps", int, 10),
+        "seed": _take(flags, "seed", int, 0),
+        "overwrite": _take(flags, "overwrite", bool, False),
+    }
+    root = _take(flags, "root", str, required=True)
+    _no_more(flags, "make-dataset", allowed)
+    path = write_synthetic_dataset(root, **kwargs)
+    log.info("synthetic LeRobot v3.0 dataset ready at %s", path)
+    return 0
+
+
+def cmd_validate(argv: list[str]) -> int:
+    """Run lerobot-train's own parsing, resolution and checks for the world size a launch will
+    have; nothing is launched and nothing is written except ``--write_resolved``."""
+    from lerobot_pipe.configs.parser import to_dict
+    from lerobot_pipe.training.plan import make_plan
+
+    own = {"nproc_per_node": int, "nnodes": int, "write_resolved": str}
+    mine, rest = [], []
+    for arg in argv:
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+        (mine if name in own else rest).append(arg)
+    flags = split_flags(mine)
+    nproc = _take(flags, "nproc_per_node", int, 1)
+    nnodes = _take(flags, "nnodes", int, 1)
+    out = _take(flags, "write_resolved", str)
+    plan = make_plan(rest, nproc * nnodes, os.environ)
+    log.info(
+        "config valid for %d process(es): %s; effective batch %d",
+        nproc * nnodes,
+        plan.dims.describe(),
+        plan.cfg.resolved["effective_batch_size"],
+    )
+    if plan.resume_from is not None:
+        log.info("would resume from %s (step %d)", plan.resume_from, plan.start_step)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(to_dict(plan.cfg), indent=4) + "\n")
+    return 0
+
+
+def cmd_resume_args(argv: list[str]) -> int:
+    from lerobot_pipe import constants as C
+    from lerobot_pipe.training.checkpoint import latest_complete_checkpoint, read_training_step
+
+    flags = split_flags(argv)
+    output_dir = _take(flags, "output_dir", str, required=True)
+    _no_more(flags, "resume-args", ["output_dir"])
+    latest = latest_complete_checkpoint(output_dir)
+    if latest is None:
+        log.info("no complete checkpoint in %s: training starts fresh", output_dir)
+        return 0
+    info = read_training_step(latest)
+    log.info("resuming from %s (step %d)", latest, info["step"])
+    config = latest / C.PRETRAINED_MODEL_DIR / C.TRAIN_CONFIG_NAME
+    print(f"--resume=true --config_path={config}")
+    return 0
+
+
+def cmd_list_checkpoints(argv: list[str]) -> int:
+    from lerobot_pipe.training.checkpoint import list_complete_checkpoints
+
+    flags = split_flags(argv)
+    output_dir = _take(flags, "output_dir", str, required=True)
+    as_json = _take(flags, "json", bool, False)
+    _no_more(flags, "list-checkpoints", ["output_dir", "json"])
+    names = [p.name for p in list_complete_checkpoints(output_dir)]
+    print(json.dumps(names) if as_json else "\n".join(names))
+    return 0
+
+
+def cmd_publish(argv: list[str]) -> int:
+    from lerobot_pipe.hub.publish import publish_checkpoint
+
+    flags = split_flags(argv)
+    allowed = [
+        "pretrained_dir",
+        "repo_id",
+        "step",
+        "intermediate",
+        "private",
+        "endpoint",
+        "receipt",
+    ]
+    pretrained = Path(_take(flags, "pretrained_dir", str, required=True))
+    repo_id = _take(flags, "repo_id", str, required=True)
+    step = _take(flags, "step", int, required=True)
+    intermediate = _take(flags, "intermediate", bool, False)
+    private = _take(flags, "private", bool)
+    endpoint = _take(flags, "endpoint", str)
+    receipt_path = _take(flags, "receipt", str)
+    _no_more(flags, "publish", allowed)
+    receipt = publish_checkpoint(
+        pretrained,
+        repo_id,
+        intermediate=intermediate,
+        step=step,
+        private=private,
+        endpoint=endpoint,
+    )
+    data = receipt.to_json()
+    if receipt_path:
+        Path(receipt_path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(receipt_path + ".tmp")
+        tmp.write_text(json.dumps(data, indent=4) + "\n")
+        os.replace(tmp, receipt_path)
+    log.info("published %s to %s at %s", pretrained, repo_id, data.get("commit_id"))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "make-dataset": cmd_make_dataset,
+    "validate": cmd_validate,
+    "resume-args": cmd_resume_args,
+    "list-checkpoints": cmd_list_checkpoints,
+    "publish": cmd_publish,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    setup_logging()
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    from lerobot_pipe.training.plan import USER_ERRORS
+
+    errors: tuple[type[BaseException], ...] = (*USER_ERRORS, ValueError, FileNotFoundError)
+    try:
+        from lerobot_pipe.hub.publish import PublishError
+
+        errors = (*errors, PublishError)
+    except ImportError:
+        pass
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except errors as e:
+        log.error("lerobot-pipe %s: error: %s", argv[0], e)
+        return 2 if isinstance(e, ConfigError) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Bad inputs fail before any process group starts: rank 0 of a would-be 2-process run exits
+alone with status 2 and a one-line message, and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from tiny import tiny_act_flags
+
+from lerobot_pipe.scripts.train import main as train_main
+
+
+def _image_dataset(src, dst):
+    shutil.copytree(src, dst)
+    info = json.loads((dst / "meta/info.json").read_text())
+    info["features"]["observation.images.top"] = {
+        "dtype": "video",
+        "shape": [3, 64, 64],
+        "names": None,
+    }
+    (dst / "meta/info.json").write_text(json.dumps(info))
+    return dst
+
+
+def _corrupt_info(src, dst):
+    shutil.copytree(src, dst)
+    (dst / "meta/info.json").write_text('{"codebase_version": "v3.0", ')
+    return dst
+
+
+# (id, extra flags, environment, expected message fragment); "{ds}" is the dataset root.
+CASES = [
+    ("unknown-flag", ["--stepz=10"], {}, "Did you mean --steps"),
+    ("misspelled-policy-field", ["--policy.dim_modle=8"], {}, "--policy.dim_modle: unknown flag"),
+    ("bad-int", ["--batch_size=abc"], {}, "--batch_size='abc': expected an integer"),
+    ("bad-bool", ["--save_checkpoint=maybe"], {}, "expected true or false"),
+    ("bad-float", ["--optimizer.lr=fast"], {}, "--optimizer.lr='fast': expected a number"),
+    (
+        "dp-product",
+        ["--parallelism.dp_replicate=1", "--parallelism.dp_shard=1"],
+        {},
+        "the product must equal the world size",
+    ),
+    (
+        "dp-not-dividing",
+        ["--parallelism.dp_shard=3"],
+        {},
+        "--parallelism.dp_shard=3 does not divide the world size 2",
+    ),
+    ("dp-zero", ["--parallelism.dp_shard=0"], {}, "must be a positive integer or -1"),
+    ("steps-zero", ["--steps=0"], {}, "--steps=0: must be > 0"),
+    ("batch-negative", ["--batch_size=-1"], {}, "--batch_size=-1: must be > 0"),
+    ("save-freq-negative", ["--save_freq=-5"], {}, "--save_freq=-5: must be >= 0"),
+    (
+        "save-freq-vs-accum",
+        ["--save_freq=3", "--accelerator.gradient_accumulation.steps=2"],
+        {},
+        "must be a multiple of",
+    ),
+    ("mixed-precision", ["--accelerator.mixed_precision=fp8"], {}, "choose one of no, fp16, bf16"),
+    (
+        "checkpoint-format",
+        ["--checkpoint_format=zip"],
+        {},
+        "choose one of safetensors, dcp, safetensors_dcp",
+    ),
+    ("policy-type", ["--policy.type=diffusionx"], {}, "unknown policy type"),
+    ("policy-heads", ["--policy.n_heads=5"], {}, "n_heads"),
+    ("policy-action-steps", ["--policy.n_action_steps=50"], {}, "n_action_steps"),
+    ("lr-negative", ["--optimizer.lr=-1"], {}, "--optimizer.lr=-1.0: must be > 0"),
+    ("workers-negative", ["--num_workers=-1"], {}, "--num_workers=-1: must be >= 0"),
+    ("push-without-repo", ["--policy.push_to_hub=true"], {}, "needs --policy.repo_id"),
+    ("scheduler-type", ["--scheduler.type=linear"], {}, "--scheduler.type='linear'"),
+    ("positional", ["extra"], {}, "unexpected argument 'extra'"),
+    ("missing-dataset", ["--dataset.root=/nonexistent/ds"], {}, "/nonexistent/ds"),
+    (
+        "missing-config-path",
+        ["--config_path=/nonexistent/train_config.json"],
+        {},
+        "--config_path not found",
+    ),
+    ("resume-without-checkpoint", ["--resume=true"], {}, "holds no complete checkpoint"),
+    ("accelerate-env", [], {"ACCELERATE_USE_FSDP": "true"}, "ACCELERATE_USE_FSDP=true"),
+    (
+        "accelerate-mixed-precision-env",
+        [],
+        {"ACCELERATE_MIXED_PRECISION": "bf16"},
+        "--accelerator.mixed_precision",
+    ),
+]
+
+
+@pytest.fixture
+def base_flags(dataset_root, tmp_path):
+    return tiny_act_flags(
+        **{"dataset.root": dataset_root, "steps": 4, "output_dir": tmp_path / "out"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_input_fails_early_and_writes_nothing(
+    base_flags, tmp_path, monkeypatch, capsys, extra, env, expected
+):
+    for key, value in {
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+        **env,
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    start = time.monotonic()
+    assert train_main([*base_flags, *extra]) == 2
+    assert time.monotonic() - start < 30
+    err = capsys.readouterr().err
+    assert expected in err, err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_existing_output_without_resume_is_refused(dataset_root, tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    assert train_main([*tiny_act_flags(**{"dataset.root": dataset_root, "output_dir": out})]) == 2
+    assert "already holds checkpoints and --resume is false" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [(_image_dataset, "observation.images.top"), (_corrupt_info, "not valid JSON")],
+)
+def test_bad_dataset_is_refused(dataset_root, tmp_path, capsys, make, expected):
+    bad = make(dataset_root, tmp_path / "bad")
+    assert (
+        train_main([*tiny_act_flags(**{"dataset.root": bad, "output_dir": tmp_path / "out"})]) == 2
+    )
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_rank0_of_two_fails_alone_as_a_real_process(dataset_root, tmp_path):
+    """A real process with a 2-rank environment and no peer: fails at once, does not hang."""
+    env = {
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29999",
+        "OMP_NUM_THREADS": "1",
+        "PATH": "",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lerobot_pipe.scripts.train",
+            *tiny_act_flags(**{"dataset.root": dataset_root, "steps": 0}),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "--steps=0: must be > 0" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
