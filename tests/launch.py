@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import socket
 import traceback
 from collections.abc import Callable
@@ -36,7 +37,9 @@ def _child(
 
     torch.set_num_threads(1)
     try:
-        queue.put((rank, "ok", fn(*args)))
+        # Plain pickle copies tensor data inline; the queue's own reducer would pass shared-memory
+        # handles that vanish when this process exits.
+        queue.put((rank, "ok", pickle.dumps(fn(*args))))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
@@ -63,7 +66,7 @@ def run_distributed(
         for _ in range(world_size):
             rank, status, value = queue.get(timeout=timeout)
             if status == "ok":
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 errors.append(f"rank {rank}: {value}")
                 break

@@ -17,6 +17,8 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from lerobot_pipe.configs.parser import ConfigError
@@ -233,3 +235,31 @@ def apply_parallelism(
         gradient_as_bucket_view=ddp.gradient_as_bucket_view,
         static_graph=ddp.static_graph,
     )
+
+
+def make_grad_scaler(
+    device: torch.device, dims: ParallelDims, enabled: bool
+) -> torch.amp.GradScaler:
+    """fp16 loss scaler. Sharded runs see only their gradient shard, so the found-inf flag must be
+    agreed across ranks (ShardedGradScaler all-reduces it) or ranks would step differently."""
+    if dims.is_sharded:
+        return ShardedGradScaler(device.type, enabled=enabled)
+    return torch.amp.GradScaler(device.type, enabled=enabled)
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip by the global gradient norm over sharded (DTensor) and plain gradients alike."""
+    grads = [p.grad for p in params if p.grad is not None]
+    parts = []
+    for group in (
+        [g for g in grads if isinstance(g, DTensor)],
+        [g for g in grads if not isinstance(g, DTensor)],
+    ):
+        if group:
+            norm = nn.utils.get_total_norm(group)
+            parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not parts:
+        return torch.zeros(())
+    total = torch.linalg.vector_norm(torch.stack([p.float() for p in parts]))
+    nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total

@@ -270,7 +270,7 @@ class CheckpointContext:
     world_size: int
 
 
-def _full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+def gather_full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     if not dist.is_initialized():
         return {k: v.detach().cpu() for k, v in get_model_state_dict(model).items()}
     return get_model_state_dict(
@@ -278,7 +278,7 @@ def _full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     )
 
 
-def _full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def gather_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     if not dist.is_initialized():
         return get_optimizer_state_dict(model, optimizer)
     return get_optimizer_state_dict(
@@ -320,7 +320,7 @@ def save_checkpoint(
     write_dcp = ctx.checkpoint_format in ("dcp", "safetensors_dcp")
 
     # Model: gathered full fp32 weights and/or DCP shards.
-    full_model = _full_model_state(model) if write_safetensors else None
+    full_model = gather_full_model_state(model) if write_safetensors else None
     if write_dcp:
         dcp.save(get_model_state_dict(model), checkpoint_id=pretrained / C.MODEL_DCP_DIR)
         fault_point("save:after_model_dcp")
@@ -335,7 +335,7 @@ def save_checkpoint(
         dcp.save({"optimizer": osd["state"]}, checkpoint_id=training_state / C.OPTIMIZER_DCP_DIR)
         param_groups = osd["param_groups"]
     else:
-        osd = _full_optimizer_state(model, optimizer)  # empty on ranks other than 0
+        osd = gather_full_optimizer_state(model, optimizer)  # empty on ranks other than 0
         param_groups = osd.get("param_groups")
         if ctx.is_main:
             save_file(flatten_tensors(osd["state"]), training_state / C.OPTIMIZER_STATE)

@@ -23,7 +23,6 @@ from lerobot_pipe.configs.parser import (
     read_json,
     set_field,
     split_flags,
-    to_dict,
 )
 from lerobot_pipe.configs.train import (
     CHECKPOINT_FORMATS,
@@ -313,6 +312,8 @@ def make_plan(
         dataset_root, delta_timestamps=delta_timestamps, episodes=cfg.dataset.episodes
     )
     _fill_policy_features(cfg.policy, dataset)
+    if dims.is_sharded:
+        check_sharding_plan(cfg)
     if len(dataset) < cfg.batch_size * dims.dp_world_size:
         log.warning(
             "the dataset has %d frames, fewer than one global batch (%d); samples repeat within a step",
@@ -362,5 +363,23 @@ def _fill_policy_features(policy_cfg: PreTrainedConfig, dataset: LeRobotDataset)
         ) from None
 
 
-def config_to_json(cfg: TrainConfig) -> dict:
-    return to_dict(cfg)
+def check_sharding_plan(cfg: TrainConfig) -> None:
+    """Resolve wrap units, tied parameters and ignored modules on a meta-device copy of the
+    policy, so that a bad sharding setup fails before any process group starts."""
+    import torch
+
+    from lerobot_pipe.distributed.parallelize import (
+        check_shared_parameters,
+        ignored_parameters,
+        mixed_precision_policy,
+        select_wrap_units,
+    )
+    from lerobot_pipe.policies.factory import get_policy_class
+
+    policy_cls = get_policy_class(cfg.policy.type)
+    with torch.device("meta"):
+        model = policy_cls(cfg.policy)
+    units = select_wrap_units(model, cfg.accelerator.fsdp, policy_cls._fsdp_wrap_modules)
+    check_shared_parameters(model, units)
+    ignored_parameters(model, cfg.accelerator.fsdp.ignored_modules)
+    mixed_precision_policy(cfg.accelerator)

@@ -14,20 +14,30 @@ import logging
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
-from lerobot_pipe.distributed.parallelize import apply_parallelism, autocast_dtype
+from lerobot_pipe.distributed.parallelize import (
+    apply_parallelism,
+    autocast_dtype,
+    clip_grad_norm,
+    ignored_parameters,
+    make_grad_scaler,
+)
 from lerobot_pipe.distributed.runtime import DistEnv, destroy, init_distributed
 from lerobot_pipe.policies.factory import make_policy
+from lerobot_pipe.policies.pretrained import PreTrainedPolicy
 from lerobot_pipe.processors import load_processors, make_pre_post_processors, save_processors
 from lerobot_pipe.training import faults
 from lerobot_pipe.training.checkpoint import (
@@ -186,13 +196,29 @@ def train(plan: TrainingPlan) -> Path | None:
         destroy()
 
 
-def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
+@dataclass
+class Session:
+    """The stateful objects of a run, built and (on resume) restored, ready for the loop."""
+
+    policy: PreTrainedPolicy  # the unwrapped policy (config, save_pretrained)
+    model: nn.Module  # what the loop calls: the policy wrapped for the topology
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR | None
+    scaler: torch.amp.GradScaler
+    pre: Any
+    post: Any
+    ignored: list[nn.Parameter]  # FSDP2-ignored parameters, whose gradients the loop averages
+    start_step: int
+    samples: int  # global samples consumed before start_step
+
+
+def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
+    """Build policy, processors, wrapping, optimizer, scheduler and scaler; restore a checkpoint
+    when resuming (resharding onto this topology). Collective."""
     cfg, dims = plan.cfg, plan.dims
-    ga = cfg.accelerator.gradient_accumulation.steps
     if env.is_main:
         plan.output_dir.mkdir(parents=True, exist_ok=True)
-        removed = remove_stale_temporaries(plan.output_dir)
-        for path in removed:
+        for path in remove_stale_temporaries(plan.output_dir):
             log.info("removed unfinished checkpoint write %s", path)
 
     # The model is initialized identically on every rank; randomness after that is per rank.
@@ -212,13 +238,16 @@ def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
     n_params = sum(p.numel() for p in policy.parameters())
     n_trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
 
+    # FSDP2 neither shards nor reduces ignored parameters: their gradients are averaged here.
+    ignored = (
+        list(ignored_parameters(policy, cfg.accelerator.fsdp.ignored_modules))
+        if dims.is_sharded
+        else []
+    )
     model = apply_parallelism(policy, dims, env, cfg.accelerator, type(policy)._fsdp_wrap_modules)
     optimizer = make_optimizer(model.parameters(), resolve_optimizer(cfg.optimizer, cfg.policy))
     scheduler = make_scheduler(optimizer, cfg.scheduler, cfg.steps)
-    amp_dtype = autocast_dtype(cfg.accelerator, dims)
-    scaler = torch.amp.GradScaler(
-        env.device.type, enabled=cfg.accelerator.mixed_precision == "fp16"
-    )
+    scaler = make_grad_scaler(env.device, dims, enabled=cfg.accelerator.mixed_precision == "fp16")
     seed_everything(cfg.seed + env.rank)
 
     start_step, samples = 0, 0
@@ -234,9 +263,27 @@ def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
         )
         start_step = plan.start_step
         samples = _explain_resume(plan, env)
-
     if env.is_main:
         log.info("\n%s", banner(plan, env, (n_params, n_trainable)))
+    return Session(
+        policy, model, optimizer, scheduler, scaler, pre, post, ignored, start_step, samples
+    )
+
+
+def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
+    return run_loop(plan, env, prepare_session(plan, env))
+
+
+def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
+    cfg, dims = plan.cfg, plan.dims
+    ga = cfg.accelerator.gradient_accumulation.steps
+    model, optimizer, scheduler, scaler = (
+        session.model,
+        session.optimizer,
+        session.scheduler,
+        session.scaler,
+    )
+    pre, ignored, start_step = session.pre, session.ignored, session.start_step
     if start_step >= cfg.steps:
         if env.is_main:
             log.info(
@@ -245,6 +292,7 @@ def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
                 cfg.steps,
             )
         return plan.resume_from
+    amp_dtype = autocast_dtype(cfg.accelerator, dims)
 
     sampler = GlobalBatchSampler(
         len(plan.dataset),
@@ -252,14 +300,14 @@ def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
         dp_rank=env.rank,
         dp_world_size=dims.dp_world_size,
         seed=cfg.seed,
-        start_sample=samples,
+        start_sample=session.samples,
     )
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers)
     metrics = MetricsLog(plan, env.is_main)
     ctx = CheckpointContext(
         env.is_main, dims.is_sharded, cfg.checkpoint_format, env.rank, env.world_size
     )
-    write_pretrained = _write_pretrained_fn(plan, policy, pre, post)
+    write_pretrained = _write_pretrained_fn(plan, session.policy, pre, session.post)
     trainable = [p for p in model.parameters() if p.requires_grad]
     progress = _progress_bar(env.is_main, start_step, cfg.steps)
     autocast = (
@@ -287,9 +335,17 @@ def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
                 scaler.scale(loss / ga).backward()
             faults.fault_point("train:after_backward")
             if sync:
+                for p in ignored:
+                    if p.grad is not None:
+                        dist.all_reduce(
+                            p.grad,
+                            op=dist.ReduceOp.AVG if env.backend == "nccl" else dist.ReduceOp.SUM,
+                        )
+                        if env.backend != "nccl":
+                            p.grad /= env.world_size
                 scaler.unscale_(optimizer)
                 if cfg.optimizer.grad_clip_norm > 0:
-                    grad_norm = nn.utils.clip_grad_norm_(trainable, cfg.optimizer.grad_clip_norm)
+                    grad_norm = clip_grad_norm(trainable, cfg.optimizer.grad_clip_norm)
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
