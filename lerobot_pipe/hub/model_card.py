@@ -1,0 +1,135 @@
+"""Model card (the Hub repo's README.md) for a trained LeRobot policy.
+
+The YAML front matter is what the Hub indexes: ``library_name: lerobot``,
+``pipeline_tag: robotics``, ``datasets``, ``base_model``, ``license`` and ``tags``. The body
+describes the policy, tabulates the training summary and metrics, and shows how to load it.
+Keys that look secret (containing "token", "secret", "password", "api_key", ...) are dropped at
+any depth, and values that look like Hugging Face tokens are masked.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import yaml
+
+_SECRET_KEY_RE = re.compile(r"token|secret|password|passwd|api_?key|credential", re.IGNORECASE)
+_HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{16,}")
+_BASE_TAGS = ("lerobot", "robotics")
+
+
+def _is_secret_key(key: Any) -> bool:
+    return bool(_SECRET_KEY_RE.search(str(key)))
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in data.items():
+        if _is_secret_key(key):
+            continue
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            yield from _flatten(value, name)
+        else:
+            yield name, value
+
+
+def _format_value(value: Any) -> str:
+    if value is None:
+        text = "–"
+    elif isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, float):
+        text = str(value) if math.isnan(value) or math.isinf(value) else f"{value:.6g}"
+    elif isinstance(value, list | tuple):
+        text = ", ".join(_format_value(v) for v in value)
+    else:
+        text = str(value)
+    text = _HF_TOKEN_RE.sub("hf_***", text)
+    return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _table(header: tuple[str, str], rows: list[tuple[str, Any]]) -> str:
+    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
+    lines += [f"| `{_format_value(k)}` | {_format_value(v)} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def _dedup(items: list[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for item in items:
+        if item and item not in seen:
+            seen[item] = None
+    return list(seen)
+
+
+def make_model_card(
+    *,
+    repo_id: str,
+    policy_type: str,
+    dataset_repo_id: str | None,
+    base_model: str | None,
+    train_summary: dict,
+    metrics: dict | None,
+    license: str | None = "apache-2.0",  # noqa: A002 - the Hub's metadata field name
+    tags: list[str] | None = None,
+) -> str:
+    """Return the README.md text (YAML front matter + Markdown body) for a policy repo."""
+    metadata: dict[str, Any] = {"library_name": "lerobot", "pipeline_tag": "robotics"}
+    if dataset_repo_id:
+        metadata["datasets"] = [dataset_repo_id]
+    if base_model:
+        metadata["base_model"] = base_model
+    if license:
+        metadata["license"] = license
+    metadata["tags"] = _dedup([*_BASE_TAGS, policy_type, "lerobot_pipe", *(tags or [])])
+    front = yaml.safe_dump(metadata, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+    title = f"# {policy_type.upper() if len(policy_type) <= 5 else policy_type} policy: `{repo_id}`"
+    what = [
+        f"This repository holds a robot-learning policy of type **{policy_type}** in the "
+        "[LeRobot](https://github.com/huggingface/lerobot) format (`config.json`, "
+        "`model.safetensors` or a PEFT adapter, and the policy pre/post-processors), "
+        "trained with `lerobot_pipe`."
+    ]
+    if dataset_repo_id:
+        what.append(
+            f"It was trained on the dataset "
+            f"[`{dataset_repo_id}`](https://huggingface.co/datasets/{dataset_repo_id})."
+        )
+    if base_model:
+        what.append(
+            f"It was fine-tuned from [`{base_model}`](https://huggingface.co/{base_model})."
+        )
+
+    sections = [title, " ".join(what)]
+    summary_rows = list(_flatten(train_summary or {}))
+    sections.append("## Training configuration")
+    sections.append(
+        _table(("Setting", "Value"), summary_rows) if summary_rows else "_Not recorded._"
+    )
+    metric_rows = list(_flatten(metrics or {}))
+    if metric_rows:
+        sections.append("## Metrics")
+        sections.append(_table(("Metric", "Value"), metric_rows))
+    sections.append("## How to use")
+    sections.append(
+        "Download the files with `huggingface_hub`:\n\n"
+        "```python\n"
+        "from huggingface_hub import snapshot_download\n\n"
+        f'path = snapshot_download("{repo_id}")\n'
+        "```\n\n"
+        "or load the policy with LeRobot:\n\n"
+        "```python\n"
+        "from lerobot.policies.factory import get_policy_class\n\n"
+        f'policy = get_policy_class("{policy_type}").from_pretrained("{repo_id}")\n'
+        "policy.eval()\n"
+        "```\n\n"
+        "Intermediate checkpoints, when published, live under `checkpoints/<step>/` and are "
+        "tagged `step-<step>`: fetch one with "
+        f'`snapshot_download("{repo_id}", revision="step-005000", '
+        'allow_patterns=["checkpoints/005000/*"])`.'
+    )
+    return f"---\n{front}---\n\n" + "\n\n".join(sections) + "\n"
