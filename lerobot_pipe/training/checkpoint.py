@@ -423,11 +423,19 @@ def validate_checkpoint_layout(step_dir: Path) -> dict:
     ts = resolved / C.TRAINING_STATE_DIR
     has_dcp_optim = (ts / C.OPTIMIZER_DCP_DIR).is_dir()
     has_flat_optim = (ts / C.OPTIMIZER_STATE).is_file()
-    if has_flat_optim and not has_dcp_optim and "dp_shard" not in info.get("parallelism", {}):
+    parallelism = info.get("parallelism") or {}
+    upstream_sharded = (
+        has_flat_optim
+        and not has_dcp_optim
+        and "sharded" not in info
+        and int(parallelism.get("dp_shard") or 1) > 1
+    )
+    if upstream_sharded:
         raise CheckpointError(
             f"{resolved} looks like a LeRobot 0.6 sharded checkpoint (one aggregated "
-            f"{C.OPTIMIZER_STATE}, no {C.OPTIMIZER_DCP_DIR}/ and no topology in {C.TRAINING_STEP}); "
-            "lerobot_pipe cannot reshard it: start a new run from its weights with --policy.path"
+            f"{C.OPTIMIZER_STATE}, no {C.OPTIMIZER_DCP_DIR}/, no topology fields in "
+            f"{C.TRAINING_STEP}); its optimizer state cannot be resharded: start a new run from its "
+            "weights with --policy.path=<its pretrained_model/>"
         )
     if not has_dcp_optim and not has_flat_optim:
         raise CheckpointError(
@@ -554,7 +562,11 @@ def _restore_rank_rng(path: Path, rank: int, world_size: int, info: dict) -> boo
         # More ranks than were saved: start from rank 0's state, then decorrelate this rank.
         mine = {k[len("rank0/") :]: v for k, v in flat.items() if k.startswith("rank0/")}
         if not mine:
-            raise CheckpointError(f"corrupt checkpoint file {path}: no RNG state for rank 0")
+            log.warning(
+                "%s holds no per-rank RNG state (not written by lerobot_pipe): RNG starts fresh",
+                path,
+            )
+            return False
         restore_rng_state(mine)
         torch.manual_seed(int(torch.randint(0, 2**62, (1,)).item()) + rank)
     else:

@@ -87,6 +87,73 @@ CASES = [
     ("resume-without-checkpoint", ["--resume=true"], {}, "holds no complete checkpoint"),
     ("accelerate-env", [], {"ACCELERATE_USE_FSDP": "true"}, "ACCELERATE_USE_FSDP=true"),
     (
+        "wrap-class-missing",
+        [
+            "--parallelism.dp_shard=2",
+            '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer","NoSuchLayer"]',
+        ],
+        {},
+        "NoSuchLayer match no module of the model; module classes present: ACT, ACTDecoder",
+    ),
+    (
+        "wrap-exclusive",
+        [
+            "--parallelism.dp_shard=2",
+            '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer"]',
+            "--accelerator.fsdp.min_num_params=10",
+        ],
+        {},
+        "mutually exclusive",
+    ),
+    (
+        "wrap-none",
+        ["--parallelism.dp_shard=2", "--accelerator.fsdp.wrap_modules=[]"],
+        {},
+        "sharding needs wrap units",
+    ),
+    (
+        "min-num-params-too-big",
+        ["--parallelism.dp_shard=2", "--accelerator.fsdp.min_num_params=100000000"],
+        {},
+        "no submodule has that many parameters",
+    ),
+    (
+        "ignored-modules-regex",
+        ["--parallelism.dp_shard=2", "--accelerator.fsdp.ignored_modules=["],
+        {},
+        "invalid regex",
+    ),
+    (
+        "ignored-modules-nomatch",
+        ["--parallelism.dp_shard=2", "--accelerator.fsdp.ignored_modules=^nothing$"],
+        {},
+        "matches no module",
+    ),
+    (
+        "mp-policy-param-dtype",
+        [
+            "--parallelism.dp_shard=2",
+            "--accelerator.fsdp.mixed_precision_policy.reduce_dtype=float32",
+        ],
+        {},
+        "param_dtype must be set",
+    ),
+    (
+        "mp-policy-fp16",
+        [
+            "--parallelism.dp_shard=2",
+            "--accelerator.fsdp.mixed_precision_policy.param_dtype=float16",
+        ],
+        {},
+        "needs --accelerator.mixed_precision=fp16",
+    ),
+    (
+        "mp-policy-dtype",
+        ["--parallelism.dp_shard=2", "--accelerator.fsdp.mixed_precision_policy.param_dtype=fp8"],
+        {},
+        "choose one of float32, bfloat16, float16",
+    ),
+    (
         "accelerate-mixed-precision-env",
         [],
         {"ACCELERATE_MIXED_PRECISION": "bf16"},

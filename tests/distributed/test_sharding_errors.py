@@ -1,0 +1,104 @@
+"""Sharding failures with their messages: tied parameters across units, resuming a sharded run
+on one process, LeRobot 0.6's sharded layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from launch import run_distributed
+from tiny import run_train, tiny_act_flags
+from torch import nn
+
+from lerobot_pipe.configs.parser import ConfigError
+from lerobot_pipe.configs.train import FSDPConfig
+from lerobot_pipe.distributed.parallelize import check_shared_parameters, select_wrap_units
+from lerobot_pipe.scripts.train import main as train_main
+
+
+class Block(nn.Module):
+    def __init__(self, shared: nn.Linear | None = None):
+        super().__init__()
+        self.proj = shared if shared is not None else nn.Linear(4, 4)
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Block()
+        self.b = Block(shared=self.a.proj)
+
+
+def test_tied_parameters_across_units_fail_before_the_first_step():
+    model = Tied()
+    units = select_wrap_units(model, FSDPConfig(wrap_modules=["Block"]), [])
+    with pytest.raises(ConfigError) as err:
+        check_shared_parameters(model, units)
+    assert "b.proj.weight" in str(err.value) and "shared (tied)" in str(err.value)
+    # Both in one unit (the root) is fine.
+    check_shared_parameters(model, select_wrap_units(model, FSDPConfig(wrap_modules=["Tied"]), []))
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(dataset_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp") / "out"
+    flags = tiny_act_flags(
+        **{"dataset.root": dataset_root, "steps": 2, "save_freq": 2, "batch_size": 4}
+    )
+    run_distributed(
+        run_train,
+        2,
+        [*flags, "--parallelism.dp_shard=2", "--checkpoint_format=dcp", f"--output_dir={out}"],
+    )
+    return out
+
+
+def test_sharded_resume_on_one_process_needs_dp_shard_1(fsdp_run, capsys):
+    config = fsdp_run / "checkpoints/last/pretrained_model/train_config.json"
+    assert train_main(["--resume=true", f"--config_path={config}", "--steps=4"]) == 2
+    assert "--parallelism.dp_shard=2 does not divide the world size 1" in capsys.readouterr().err
+    assert (
+        train_main(
+            ["--resume=true", f"--config_path={config}", "--steps=4", "--parallelism.dp_shard=1"]
+        )
+        == 2
+    )
+    assert "--checkpoint_format=safetensors" in capsys.readouterr().err
+    assert (
+        train_main(
+            [
+                "--resume=true",
+                f"--config_path={config}",
+                "--steps=4",
+                "--parallelism.dp_shard=1",
+                "--checkpoint_format=safetensors",
+            ]
+        )
+        == 0
+    )
+    assert (fsdp_run / "checkpoints/000004/pretrained_model/model.safetensors").is_file()
+
+
+def test_lerobot_06_sharded_layout_is_refused(dataset_root, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_train(
+        [
+            *tiny_act_flags(**{"dataset.root": dataset_root, "steps": 2, "save_freq": 2}),
+            f"--output_dir={out}",
+        ]
+    )
+    step_file = out / "checkpoints/000002/training_state/training_step.json"
+    upstream = {
+        "step": 2,
+        "dp_world_size": 2,
+        "batch_size": 4,
+        "grad_accum_steps": 1,
+        "parallelism": {"dp_replicate": 1, "dp_shard": 2},
+    }
+    step_file.write_text(json.dumps(upstream))
+    assert (
+        train_main(["--resume=true", f"--config_path={out / 'checkpoints/000002'}", "--steps=4"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "LeRobot 0.6 sharded checkpoint" in err and "--policy.path" in err
