@@ -265,6 +265,8 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
     name: ClassVar[str]
     # Class names of the submodules that become FSDP2 wrap units.
     _fsdp_wrap_modules: ClassVar[list[str]] = []
+    # Module names LoRA adapts when --peft.target_modules is not given.
+    _peft_target_modules: ClassVar[list[str]] = []
 
     def __init__(self, config: PreTrainedConfig) -> None:
         super().__init__()

@@ -480,11 +480,18 @@ def load_checkpoint(
         ),
         None,
     )
-    if weights_file is not None and weights_file.name == C.MODEL_SAFETENSORS:
+    if weights_file is not None:
+        # model.safetensors holds every tensor; adapter_model.safetensors only the adapters, whose
+        # peft names model_key_map turns into this model's keys (the frozen base is already loaded).
+        adapter = weights_file.name == C.ADAPTER_SAFETENSORS
+        if adapter and model_key_map is None:
+            raise CheckpointError(
+                f"{weights_file} holds PEFT adapters: resume it with its --peft.* flags"
+            )
         full = load_safetensors(weights_file) if (is_main or not distributed) else {}
         if model_key_map is not None and full:
             full = model_key_map(full)
-        _set_model_full(model, full, distributed)
+        _set_model_full(model, full, distributed, strict=not adapter)
     elif dcp_model.is_dir():
         sd = get_model_state_dict(model)
         _dcp_load(sd, dcp_model)
@@ -538,8 +545,12 @@ def _dcp_load(state: dict, path: Path) -> None:
         ) from None
 
 
-def _set_model_full(model: nn.Module, full: dict[str, torch.Tensor], distributed: bool) -> None:
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
+def _set_model_full(
+    model: nn.Module, full: dict[str, torch.Tensor], distributed: bool, strict: bool = True
+) -> None:
+    options = StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=distributed, strict=strict
+    )
     try:
         set_model_state_dict(model, full, options=options)
     except (RuntimeError, KeyError) as e:

@@ -210,6 +210,12 @@ def validate_config(cfg: TrainConfig) -> None:
     if cfg.peft.method_type is not None:
         _choice("peft.method_type", cfg.peft.method_type, PEFT_METHODS)
         _positive("peft.r", cfg.peft.r)
+        if not cfg.policy.pretrained_path:
+            raise ConfigError(
+                "--peft.* fine-tunes a pretrained policy: pass --policy.path=<base policy>"
+            )
+        if not 0 <= cfg.peft.lora_dropout < 1:
+            raise ConfigError(f"--peft.lora_dropout={cfg.peft.lora_dropout}: must be in [0, 1)")
     if cfg.policy.push_to_hub and not cfg.policy.repo_id:
         raise ConfigError("--policy.push_to_hub=true needs --policy.repo_id=<namespace/name>")
     if cfg.job_name is not None and ("/" in cfg.job_name or cfg.job_name.startswith(".")):
@@ -314,6 +320,8 @@ def make_plan(
     _fill_policy_features(cfg.policy, dataset)
     if dims.is_sharded:
         check_sharding_plan(cfg)
+    elif cfg.peft.method_type is not None:
+        check_peft_targets(cfg)
     if len(dataset) < cfg.batch_size * dims.dp_world_size:
         log.warning(
             "the dataset has %d frames, fewer than one global batch (%d); samples repeat within a step",
@@ -363,6 +371,19 @@ def _fill_policy_features(policy_cfg: PreTrainedConfig, dataset: LeRobotDataset)
         ) from None
 
 
+def check_peft_targets(cfg: TrainConfig) -> None:
+    import torch
+
+    from lerobot_pipe.policies.factory import get_policy_class
+    from lerobot_pipe.training.train import apply_peft_from_config
+
+    with torch.device("meta"):
+        try:
+            apply_peft_from_config(get_policy_class(cfg.policy.type)(cfg.policy), cfg)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
 def check_sharding_plan(cfg: TrainConfig) -> None:
     """Resolve wrap units, tied parameters and ignored modules on a meta-device copy of the
     policy, so that a bad sharding setup fails before any process group starts."""
@@ -379,6 +400,13 @@ def check_sharding_plan(cfg: TrainConfig) -> None:
     policy_cls = get_policy_class(cfg.policy.type)
     with torch.device("meta"):
         model = policy_cls(cfg.policy)
+        if cfg.peft.method_type is not None:
+            from lerobot_pipe.training.train import apply_peft_from_config
+
+            try:
+                model = apply_peft_from_config(model, cfg)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
     units = select_wrap_units(model, cfg.accelerator.fsdp, policy_cls._fsdp_wrap_modules)
     check_shared_parameters(model, units)
     ignored_parameters(model, cfg.accelerator.fsdp.ignored_modules)

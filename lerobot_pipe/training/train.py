@@ -37,6 +37,12 @@ from lerobot_pipe.distributed.parallelize import (
 )
 from lerobot_pipe.distributed.runtime import DistEnv, destroy, init_distributed
 from lerobot_pipe.policies.factory import make_policy
+from lerobot_pipe.policies.peft import (
+    adapter_key_map,
+    apply_peft,
+    write_adapter,
+    write_adapter_config,
+)
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy
 from lerobot_pipe.processors import load_processors, make_pre_post_processors, save_processors
 from lerobot_pipe.training import faults
@@ -50,6 +56,20 @@ from lerobot_pipe.training.optim import make_optimizer, make_scheduler, resolve_
 from lerobot_pipe.training.plan import TrainingPlan
 
 log = logging.getLogger("lerobot_pipe.train")
+
+
+def apply_peft_from_config(policy: PreTrainedPolicy, cfg) -> nn.Module:
+    p = cfg.peft
+    return apply_peft(
+        policy,
+        p.method_type,
+        r=p.r,
+        lora_alpha=p.lora_alpha,
+        lora_dropout=p.lora_dropout,
+        target_modules=p.target_modules,
+        full_training_modules=p.full_training_modules,
+        base_path=cfg.policy.pretrained_path,
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -128,9 +148,15 @@ def _explain_resume(plan: TrainingPlan, env: DistEnv) -> int:
     return samples
 
 
-def _write_pretrained_fn(plan: TrainingPlan, policy, pre, post):
+def _write_pretrained_fn(plan: TrainingPlan, policy, trainee, pre, post):
     def write(directory: Path, full_state: dict | None) -> None:
-        if full_state is not None:
+        if trainee is not policy:  # PEFT: the adapter only, plus the base's config
+            policy.config.save_pretrained(directory)
+            if full_state is not None:
+                write_adapter(directory, trainee, full_state)
+            else:
+                write_adapter_config(directory, trainee)
+        elif full_state is not None:
             policy.save_pretrained(directory, state_dict=full_state)
         else:
             policy.config.save_pretrained(directory)
@@ -201,6 +227,7 @@ class Session:
     """The stateful objects of a run, built and (on resume) restored, ready for the loop."""
 
     policy: PreTrainedPolicy  # the unwrapped policy (config, save_pretrained)
+    trainee: nn.Module  # the policy, or its PeftModel wrapper with PEFT
     model: nn.Module  # what the loop calls: the policy wrapped for the topology
     optimizer: torch.optim.Optimizer
     scheduler: LambdaLR | None
@@ -235,16 +262,21 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     else:
         pre, post = make_pre_post_processors(cfg.policy, plan.dataset.stats)
     pre = pre.to(env.device)
-    n_params = sum(p.numel() for p in policy.parameters())
-    n_trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    trainee: nn.Module = policy
+    adapter_keys = None
+    if cfg.peft.method_type is not None:
+        trainee = apply_peft_from_config(policy, cfg)
+        adapter_keys = adapter_key_map(trainee)
+    n_params = sum(p.numel() for p in trainee.parameters())
+    n_trainable = sum(p.numel() for p in trainee.parameters() if p.requires_grad)
 
     # FSDP2 neither shards nor reduces ignored parameters: their gradients are averaged here.
     ignored = (
-        list(ignored_parameters(policy, cfg.accelerator.fsdp.ignored_modules))
+        list(ignored_parameters(trainee, cfg.accelerator.fsdp.ignored_modules))
         if dims.is_sharded
         else []
     )
-    model = apply_parallelism(policy, dims, env, cfg.accelerator, type(policy)._fsdp_wrap_modules)
+    model = apply_parallelism(trainee, dims, env, cfg.accelerator, type(policy)._fsdp_wrap_modules)
     optimizer = make_optimizer(model.parameters(), resolve_optimizer(cfg.optimizer, cfg.policy))
     scheduler = make_scheduler(optimizer, cfg.scheduler, cfg.steps)
     scaler = make_grad_scaler(env.device, dims, enabled=cfg.accelerator.mixed_precision == "fp16")
@@ -260,13 +292,26 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
             world_size=env.world_size,
             scheduler=scheduler,
             scaler=scaler,
+            model_key_map=(lambda sd: {adapter_keys[k]: v for k, v in sd.items()})
+            if adapter_keys
+            else None,
         )
         start_step = plan.start_step
         samples = _explain_resume(plan, env)
     if env.is_main:
         log.info("\n%s", banner(plan, env, (n_params, n_trainable)))
     return Session(
-        policy, model, optimizer, scheduler, scaler, pre, post, ignored, start_step, samples
+        policy,
+        trainee,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        pre,
+        post,
+        ignored,
+        start_step,
+        samples,
     )
 
 
@@ -307,7 +352,9 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
     ctx = CheckpointContext(
         env.is_main, dims.is_sharded, cfg.checkpoint_format, env.rank, env.world_size
     )
-    write_pretrained = _write_pretrained_fn(plan, session.policy, pre, session.post)
+    write_pretrained = _write_pretrained_fn(
+        plan, session.policy, session.trainee, pre, session.post
+    )
     trainable = [p for p in model.parameters() if p.requires_grad]
     progress = _progress_bar(env.is_main, start_step, cfg.steps)
     autocast = (

@@ -397,6 +397,8 @@ class ACTPolicy(PreTrainedPolicy):
     config_class = ACTConfig
     name = "act"
     _fsdp_wrap_modules = ["ACTEncoderLayer", "ACTDecoderLayer"]
+    # The feed-forward projections: nn.MultiheadAttention's out_proj bypasses its forward.
+    _peft_target_modules = ["linear1", "linear2"]
 
     def __init__(self, config: ACTConfig) -> None:
         super().__init__(config)

@@ -1,0 +1,126 @@
+"""PEFT (LoRA) fine-tuning of a pretrained policy, with peft's own module and file names.
+
+The trainer wraps the policy in a ``PeftModel`` (module paths gain ``base_model.model.``), shards
+or replicates that wrapper like any policy, and saves only the adapter: ``adapter_model.safetensors``
+(keys as ``peft.get_peft_model_state_dict`` names them) + ``adapter_config.json`` recording the base
+policy's path. :func:`load_pretrained_policy` loads either kind of folder for inference.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from lerobot_pipe import constants as C
+from lerobot_pipe.policies.pretrained import PreTrainedConfig, PreTrainedPolicy
+
+
+def apply_peft(
+    policy: PreTrainedPolicy,
+    method_type: str,
+    *,
+    r: int,
+    lora_alpha: int | None,
+    lora_dropout: float,
+    target_modules: list[str] | None,
+    full_training_modules: list[str] | None,
+    base_path: str | None,
+) -> nn.Module:
+    """Freeze ``policy`` and add LoRA adapters; returns the PeftModel to train."""
+    from peft import LoraConfig, get_peft_model
+
+    if method_type != "LORA":
+        raise ValueError(f"--peft.method_type={method_type!r}: only LORA is supported")
+    targets = target_modules or list(type(policy)._peft_target_modules)
+    present = {name.rsplit(".", 1)[-1] for name, _ in policy.named_modules()}
+    missing = [t for t in targets if t not in present]
+    if missing:
+        raise ValueError(
+            f"--peft.target_modules: {', '.join(missing)} match no module name of the "
+            f"{policy.name} policy; e.g. {', '.join(sorted(present - {''})[:12])}"
+        )
+    config = LoraConfig(
+        r=r,
+        lora_alpha=lora_alpha if lora_alpha is not None else r,
+        lora_dropout=lora_dropout,
+        target_modules=targets,
+        modules_to_save=full_training_modules,
+        base_model_name_or_path=base_path,
+    )
+    model = get_peft_model(policy, config)
+    # get_peft_model takes the base path from the model (transformers' name_or_path); ours is here.
+    model.peft_config["default"].base_model_name_or_path = base_path
+    return model
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def adapter_key_map(model: nn.Module) -> dict[str, str]:
+    """peft file key -> model state-dict key, for every adapter / full-training tensor.
+    Call it on the unwrapped PeftModel (before DDP adds its ``module.`` prefix)."""
+    from peft import get_peft_model_state_dict
+
+    sentinels = {k: torch.empty(0) for k in model.state_dict()}
+    owner = {id(t): k for k, t in sentinels.items()}
+    renamed = get_peft_model_state_dict(model, state_dict=sentinels)
+    return {peft_key: owner[id(t)] for peft_key, t in renamed.items()}
+
+
+def write_adapter(directory: Path, model: nn.Module, full_state: dict[str, torch.Tensor]) -> None:
+    """Write adapter_model.safetensors + adapter_config.json from a gathered full state dict."""
+    from peft import get_peft_model_state_dict
+
+    adapter = get_peft_model_state_dict(model, state_dict=full_state)
+    save_file(
+        {k: v.contiguous() for k, v in adapter.items()},
+        directory / C.ADAPTER_SAFETENSORS,
+        metadata={"format": "pt"},
+    )
+    write_adapter_config(directory, model)
+
+
+def write_adapter_config(directory: Path, model: nn.Module) -> None:
+    config = model.peft_config["default"].to_dict()
+    config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
+    (directory / C.ADAPTER_CONFIG_NAME).write_text(json.dumps(config, indent=4, default=str) + "\n")
+
+
+def load_pretrained_policy(path: str | Path) -> PreTrainedPolicy:
+    """A policy folder with model.safetensors, or an adapter folder (adapter_model.safetensors +
+    adapter_config.json naming the base policy): the adapter is merged into the base."""
+    from lerobot_pipe.policies.factory import get_policy_class
+
+    path = Path(path)
+    config = PreTrainedConfig.from_pretrained(path)
+    policy_cls = get_policy_class(config.type)
+    if not (path / C.ADAPTER_CONFIG_NAME).is_file():
+        return policy_cls.from_pretrained(path, config=config)
+    from peft import PeftConfig, get_peft_model, set_peft_model_state_dict
+
+    adapter_file = path / C.ADAPTER_SAFETENSORS
+    if not adapter_file.is_file():
+        if (path / C.MODEL_DCP_DIR).is_dir():
+            raise FileNotFoundError(
+                f"{path} holds DCP shards only; convert it first with: lerobot-convert-dcp --checkpoint_dir={path}"
+            )
+        raise FileNotFoundError(f"no {C.ADAPTER_SAFETENSORS} in {path}")
+    adapter_config = json.loads((path / C.ADAPTER_CONFIG_NAME).read_text())
+    base = adapter_config.get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        raise FileNotFoundError(
+            f"{path / C.ADAPTER_CONFIG_NAME}: base policy {base!r} (base_model_name_or_path) is not a local folder"
+        )
+    policy = policy_cls.from_pretrained(base, config=config)
+    peft_model = get_peft_model(policy, PeftConfig.from_peft_type(**adapter_config))
+    result = set_peft_model_state_dict(peft_model, load_file(adapter_file))
+    if result.unexpected_keys:
+        raise RuntimeError(f"{adapter_file}: unexpected keys {result.unexpected_keys}")
+    merged = peft_model.merge_and_unload()
+    merged.eval()
+    return merged
