@@ -51,10 +51,9 @@ def apply_peft(
         modules_to_save=full_training_modules,
         base_model_name_or_path=base_path,
     )
-    model = get_peft_model(policy, config)
-    # get_peft_model takes the base path from the model (transformers' name_or_path); ours is here.
-    model.peft_config["default"].base_model_name_or_path = base_path
-    return model
+    # get_peft_model records the base path from the model's name_or_path (transformers' attribute).
+    policy.name_or_path = base_path
+    return get_peft_model(policy, config)
 
 
 def is_peft_model(model: nn.Module) -> bool:
