@@ -116,6 +116,7 @@ def load_pretrained_policy(path: str | Path) -> PreTrainedPolicy:
             f"{path / C.ADAPTER_CONFIG_NAME}: base policy {base!r} (base_model_name_or_path) is not a local folder"
         )
     policy = policy_cls.from_pretrained(base, config=config)
+    policy.name_or_path = base
     peft_model = get_peft_model(policy, PeftConfig.from_peft_type(**adapter_config))
     result = set_peft_model_state_dict(peft_model, load_file(adapter_file))
     if result.unexpected_keys:
