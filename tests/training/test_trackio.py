@@ -1,0 +1,44 @@
+"""--trackio.enable=true logs the reduced metrics offline (SQLite under TRACKIO_DIR)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from tiny import tiny_act_flags
+
+pytest.importorskip("trackio")
+
+
+def test_trackio_logs_metrics_offline(dataset_root, tmp_path):
+    # trackio reads TRACKIO_DIR at import: run lerobot-train as its own process.
+    flags = tiny_act_flags(
+        **{"dataset.root": dataset_root, "steps": 6, "log_freq": 3, "save_freq": 0}
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lerobot_pipe.scripts.train",
+            *flags,
+            "--trackio.enable=true",
+            "--trackio.project=lerobot-test",
+            "--job_name=trk",
+            f"--output_dir={tmp_path / 'out'}",
+        ],
+        env={**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    db = sqlite3.connect(tmp_path / "trackio/lerobot-test.db")
+    rows = db.execute("select step, metrics from metrics order by step").fetchall()
+    assert [r[0] for r in rows] == [3, 6]
+    assert {"loss", "lr", "samples_per_s"} <= set(json.loads(rows[-1][1]))
+    config = json.loads(db.execute("select config from configs").fetchone()[0])
+    assert config["steps"] == 6
