@@ -64,7 +64,7 @@ def _describe(tp: Any) -> str:
     name = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp)
     if name is None:
         origin = typing.get_origin(tp)
-        name = {list: "a JSON list", dict: "a JSON object"}.get(origin, str(tp))
+        name = {list: "a JSON list", dict: "a JSON object"}.get(origin or tp, str(tp))
     return name + (" or null" if optional else "")
 
 

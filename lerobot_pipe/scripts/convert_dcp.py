@@ -122,11 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     _setup_logging()
-    from lerobot_pipe.convert.dcp_to_safetensors import (
-        ConversionError,
-        convert_checkpoint,
-        find_pretrained_dir,
-    )
+    from lerobot_pipe.convert.dcp_to_safetensors import ConversionError, convert_checkpoint
 
     try:
         weights = convert_checkpoint(
@@ -145,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print(weights)
 
     if args.push_to_hub:
-        folder = weights.parent if args.output_dir else find_pretrained_dir(args.checkpoint_dir)
+        folder = weights.parent  # the (output or source) pretrained-model folder
         try:
             from lerobot_pipe.hub.publish import PublishError, publish_folder
         except ImportError as e:

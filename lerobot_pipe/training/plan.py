@@ -237,27 +237,23 @@ def default_output_dir(cfg: TrainConfig) -> Path:
     return Path("outputs/train") / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S')}_{name}"
 
 
-def _locate_resume(cfg: TrainConfig, source_step: Path | None, output_dir: Path) -> Path:
+def _locate_resume(source_step: Path | None, output_dir: Path) -> Path:
+    """--config_path's checkpoint, else the newest complete checkpoint of --output_dir."""
     if source_step is not None:
         return source_step
-    last = checkpoints_dir(output_dir) / C.LAST_CHECKPOINT_LINK
-    if last.is_symlink() and not last.exists():
-        latest = latest_complete_checkpoint(output_dir)
-        if latest is None:
-            raise CheckpointError(
-                f"dangling link {last} and no complete checkpoint in {output_dir}"
-            )
-        log.warning(
-            "%s is a dangling link; resuming from the newest complete checkpoint %s", last, latest
-        )
-        return latest
-    if last.exists():
-        return last
     latest = latest_complete_checkpoint(output_dir)
     if latest is None:
         raise CheckpointError(
             f"--resume=true but {checkpoints_dir(output_dir)} holds no complete checkpoint; "
             "pass --config_path=<step>/pretrained_model/train_config.json or drop --resume"
+        )
+    last = checkpoints_dir(output_dir) / C.LAST_CHECKPOINT_LINK
+    if last.is_symlink() and last.resolve() != latest.resolve():
+        log.warning(
+            "%s points to %s, which is not the newest complete checkpoint; resuming from %s",
+            last,
+            os.readlink(last),
+            latest,
         )
     return latest
 
@@ -291,7 +287,7 @@ def make_plan(
 
     resume_from, resume_info = None, None
     if cfg.resume:
-        resume_from = _locate_resume(cfg, source_step, output_dir)
+        resume_from = _locate_resume(source_step, output_dir)
         resume_info = validate_checkpoint_layout(resume_from)
         resume_from = resume_from.resolve()
         _check_resume_compatible(cfg, resume_from)
