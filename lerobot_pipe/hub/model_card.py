@@ -9,12 +9,16 @@ any depth, and values that look like Hugging Face tokens are masked.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import yaml
+
+from lerobot_pipe import constants as C
 
 _SECRET_KEY_RE = re.compile(r"token|secret|password|passwd|api_?key|credential", re.IGNORECASE)
 _HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{16,}")
@@ -133,3 +137,51 @@ def make_model_card(
         'allow_patterns=["checkpoints/005000/*"])`.'
     )
     return f"---\n{front}---\n\n" + "\n\n".join(sections) + "\n"
+
+
+def model_card_for_checkpoint(pretrained_dir: str | Path, repo_id: str) -> str:
+    """The model card of a checkpoint's ``pretrained_model/``, from its train_config.json and the
+    run's last logged metrics (``<output_dir>/metrics.jsonl``) when they can be found."""
+    pretrained_dir = Path(pretrained_dir)
+    config = json.loads((pretrained_dir / C.TRAIN_CONFIG_NAME).read_text())
+    policy = config.get("policy") or {}
+    resolved = config.get("resolved") or {}
+    parallelism = resolved.get("parallelism") or {}
+    accelerator = config.get("accelerator") or {}
+    summary = {
+        "policy": policy.get("type"),
+        "steps": config.get("steps"),
+        "batch_size": config.get("batch_size"),
+        "effective_batch_size": resolved.get("effective_batch_size"),
+        "topology": parallelism.get("mode"),
+        "dp_replicate": parallelism.get("dp_replicate"),
+        "dp_shard": parallelism.get("dp_shard"),
+        "mixed_precision": accelerator.get("mixed_precision"),
+        "optimizer_lr": (config.get("optimizer") or {}).get("lr"),
+        "seed": config.get("seed"),
+        "peft": (config.get("peft") or {}).get("method_type"),
+    }
+    metrics = None
+    metrics_file = Path(config.get("output_dir") or "") / "metrics.jsonl"
+    if config.get("output_dir") and metrics_file.is_file():
+        lines = metrics_file.read_text().splitlines()
+        if lines:
+            last = json.loads(lines[-1])
+            metrics = {k: last[k] for k in ("step", "loss") if k in last}
+    return make_model_card(
+        repo_id=repo_id,
+        policy_type=policy.get("type") or "unknown",
+        dataset_repo_id=(config.get("dataset") or {}).get("repo_id"),
+        base_model=_hub_repo_id_or_none(policy.get("pretrained_path")),
+        train_summary={k: v for k, v in summary.items() if v is not None},
+        metrics=metrics,
+        license=policy.get("license") or "apache-2.0",
+        tags=policy.get("tags"),
+    )
+
+
+def _hub_repo_id_or_none(path: str | None) -> str | None:
+    """A base model the card can link to: a Hub repo id, not a local folder."""
+    if not path or path.startswith(("/", ".")) or path.count("/") != 1 or Path(path).exists():
+        return None
+    return path

@@ -646,6 +646,10 @@ def publish_checkpoint(
             "Hub: %s has no %s; the published policy cannot be loaded", pretrained, C.CONFIG_NAME
         )
     name = _step_folder_name(step_path, step)
+    if model_card is None and not intermediate and (pretrained / C.TRAIN_CONFIG_NAME).is_file():
+        from lerobot_pipe.hub.model_card import model_card_for_checkpoint
+
+        model_card = model_card_for_checkpoint(pretrained, repo_id)
     if intermediate:
         path_in_repo = f"{C.CHECKPOINTS_DIR}/{name}"
         tag = tag if tag is not None else f"step-{name}"

@@ -134,7 +134,10 @@ def test_final_checkpoint_goes_to_root(small_lfs_hub, make_checkpoint):
         step_dir, REPO, intermediate=False, step=20000, token=server.token, endpoint=server.url
     )
     assert receipt.path_in_repo == "" and receipt.tag is None
-    assert set(server.list_files(REPO)) == EXPECTED | {".gitattributes"}
+    # The final model gets a model card made from its train_config.json.
+    assert set(server.list_files(REPO)) == EXPECTED | {".gitattributes", "README.md"}
+    card = server.read_file(REPO, "README.md").decode()
+    assert "library_name: lerobot" in card and "pipeline_tag: robotics" in card
     assert server.tags(REPO) == {}
     # The pretrained_model/ folder itself is accepted too (same content: no new commit).
     again = publish_checkpoint(
