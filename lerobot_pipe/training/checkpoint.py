@@ -20,6 +20,8 @@ exception is DCP's own ``.metadata``, read only from this run's own output.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import logging
 import os
@@ -122,6 +124,16 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     root = checkpoints_dir(output_dir)
     removed = []
     if root.is_dir():
+        old_prefix = f"{C.TMP_CHECKPOINT_PREFIX}old-"
+        for child in root.glob(f"{old_prefix}*"):
+            # A complete checkpoint moved aside while a newer save of the same step replaced it;
+            # the kill came before the new one was in place: put the old one back.
+            original = root / child.name[len(old_prefix) :]
+            if not original.exists() and is_complete(child):
+                os.rename(child, original)
+                log.warning(
+                    "restored %s (a replacement save of the same step did not finish)", original
+                )
         for child in root.iterdir():
             if child.name.startswith(C.TMP_CHECKPOINT_PREFIX):
                 shutil.rmtree(child, ignore_errors=True)
@@ -346,6 +358,7 @@ def save_checkpoint(
     rng_states = gather_objects(capture_rng_state())
     if ctx.is_main:
         write_json_atomic(training_state / C.OPTIMIZER_PARAM_GROUPS, param_groups)
+        fault_point("save:after_param_groups")
         flat_rng = {}
         for rank, state in enumerate(rng_states):
             flat_rng.update({f"rank{rank}/{k}": v for k, v in state.items()})
@@ -353,8 +366,10 @@ def save_checkpoint(
         fault_point("save:after_rng")
         if scheduler is not None:
             write_json_atomic(training_state / C.SCHEDULER_STATE, scheduler.state_dict())
+            fault_point("save:after_scheduler")
         if scaler is not None and scaler.is_enabled():
             write_json_atomic(training_state / C.SCALER_STATE, _scaler_state(scaler))
+            fault_point("save:after_scaler")
         _fsync_tree(tmp)
         fault_point("save:before_training_step")
         write_json_atomic(training_state / C.TRAINING_STEP, training_step)
@@ -374,18 +389,42 @@ def _scaler_state(scaler: torch.amp.GradScaler) -> dict:
     }
 
 
+def _exchange_paths(a: Path, b: Path) -> bool:
+    """Atomically swap two directory entries (Linux renameat2 RENAME_EXCHANGE); False where the
+    system call or the file system does not support it."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
 def _publish_step_folder(tmp: Path, final: Path) -> None:
-    """Rename the finished temporary folder into place; an older copy at the same step (a rerun of
-    the same step) is moved aside first and removed only after the new one is in place."""
-    old = None
+    """Rename the finished temporary folder into place. A complete checkpoint already there (the
+    same step saved again after resuming from an older one) is swapped out atomically, so at
+    every instant one complete checkpoint of that step exists."""
     if final.exists():
+        if _exchange_paths(tmp, final):
+            fault_point("save:after_exchange")
+            shutil.rmtree(tmp, ignore_errors=True)  # now the old copy
+            _fsync_dir(final.parent)
+            return
+        # No atomic exchange here: move the old one aside; remove_stale_temporaries puts it back
+        # if the process dies before the new one is in place.
         old = final.with_name(f"{C.TMP_CHECKPOINT_PREFIX}old-{final.name}")
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
-    os.rename(tmp, final)
-    _fsync_dir(final.parent)
-    if old is not None:
+        fault_point("save:during_replace")
+        os.rename(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(final.parent)
 
 
 def update_last_link(ckpt_root: Path, name: str) -> None:
@@ -393,6 +432,7 @@ def update_last_link(ckpt_root: Path, name: str) -> None:
     tmp_link = ckpt_root / f".{C.LAST_CHECKPOINT_LINK}.tmp"
     tmp_link.unlink(missing_ok=True)
     os.symlink(name, tmp_link)
+    fault_point("save:during_last_link")
     os.replace(tmp_link, link)
     _fsync_dir(ckpt_root)
 
@@ -506,6 +546,8 @@ def load_checkpoint(
         box = {"optimizer": osd["state"]}
         _dcp_load(box, dcp_optim)
         osd["state"] = box["optimizer"]
+        # Hyper-parameters as saved (the LR a scheduler had reached, ...), not as constructed.
+        osd["param_groups"] = read_json_file(training_state / C.OPTIMIZER_PARAM_GROUPS)
         set_optimizer_state_dict(model, optimizer, osd)
     else:
         groups = read_json_file(training_state / C.OPTIMIZER_PARAM_GROUPS)

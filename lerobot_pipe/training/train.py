@@ -160,7 +160,9 @@ def _write_pretrained_fn(plan: TrainingPlan, policy, trainee, pre, post):
             policy.save_pretrained(directory, state_dict=full_state)
         else:
             policy.config.save_pretrained(directory)
+        faults.fault_point("save:after_model_file")
         save_processors(directory, pre, post)
+        faults.fault_point("save:after_processors")
         (directory / C.TRAIN_CONFIG_NAME).write_text(json.dumps(to_dict(plan.cfg), indent=4) + "\n")
 
     return write
@@ -394,6 +396,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
                 if cfg.optimizer.grad_clip_norm > 0:
                     grad_norm = clip_grad_norm(trainable, cfg.optimizer.grad_clip_norm)
                 scaler.step(optimizer)
+                faults.fault_point("train:after_optimizer_step")
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
             if scheduler is not None:

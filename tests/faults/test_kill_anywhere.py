@@ -1,0 +1,172 @@
+"""Kill anywhere: SIGKILL one rank of a real 2-process run at many points of the step and of the
+checkpoint write, then rerun the same command. Nothing complete is lost or damaged, the rerun
+resumes from the newest complete checkpoint, and the final weights equal an uninterrupted run's.
+
+The fault hook (LEROBOT_PIPE_FAULT_POINT=<point>@<step>:rank<r>) kills at named points; see
+lerobot_pipe/training/faults.py."""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+
+import pytest
+import torch
+from launch import run_distributed
+from safetensors.torch import load_file
+from tiny import run_train, tiny_act_flags
+
+from lerobot_pipe.training.checkpoint import list_complete_checkpoints
+
+pytestmark = pytest.mark.slow
+
+MODES = {
+    "ddp": ["--checkpoint_format=safetensors"],
+    "fsdp2": ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"],
+}
+# Points of the save at step 4 (and of the step itself); after "before_last_link" the step-4
+# checkpoint is already complete.
+AFTER_RENAME = {"save:before_last_link", "save:during_last_link", "save:end"}
+CASES = [
+    *[
+        ("ddp", point, 0)
+        for point in (
+            "save:begin",
+            "save:after_model_file",
+            "save:after_processors",
+            "save:after_pretrained",
+            "save:after_optimizer",
+            "save:after_param_groups",
+            "save:after_rng",
+            "save:after_scheduler",
+            "save:before_training_step",
+            "save:before_rename",
+            "save:before_last_link",
+            "save:during_last_link",
+            "save:end",
+            "train:after_backward",
+            "train:after_optimizer_step",
+        )
+    ],
+    *[
+        ("ddp", point, 1)
+        for point in ("save:begin", "save:after_optimizer", "train:after_backward")
+    ],
+    *[
+        ("fsdp2", point, 0)
+        for point in (
+            "save:after_model_dcp",
+            "save:after_pretrained",
+            "save:after_optimizer",
+            "save:after_rng",
+            "save:before_rename",
+            "save:during_last_link",
+            "train:after_optimizer_step",
+        )
+    ],
+    *[
+        ("fsdp2", point, 1)
+        for point in (
+            "save:begin",
+            "save:after_model_dcp",
+            "save:after_optimizer",
+            "train:after_backward",
+        )
+    ],
+]
+SURVIVED: list[str] = []
+
+
+def _flags(dataset_root, mode, out):
+    flags = tiny_act_flags(
+        **{
+            "dataset.root": dataset_root,
+            "steps": 6,
+            "save_freq": 2,
+            "batch_size": 4,
+            "scheduler.type": "cosine_decay_with_warmup",
+        }
+    )
+    return [*flags, *MODES[mode], f"--output_dir={out}"]
+
+
+@pytest.fixture(scope="module")
+def reference(dataset_root, tmp_path_factory):
+    runs = {}
+    for mode in MODES:
+        out = tmp_path_factory.mktemp(mode) / "out"
+        run_distributed(run_train, 2, _flags(dataset_root, mode, out))
+        runs[mode] = load_file(out / "checkpoints/000006/pretrained_model/model.safetensors")
+    return runs
+
+
+def _digest(folder):
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(path.relative_to(folder).as_posix().encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("mode", "point", "rank"), CASES, ids=[f"{m}-{p}-rank{r}" for m, p, r in CASES]
+)
+def test_kill_and_rerun(reference, dataset_root, tmp_path, mode, point, rank):
+    out = tmp_path / "out"
+    argv = _flags(dataset_root, mode, out)
+    with pytest.raises((RuntimeError, queue.Empty)):
+        run_distributed(
+            run_train,
+            2,
+            argv,
+            env={"LEROBOT_PIPE_FAULT_POINT": f"{point}@4:rank{rank}"},
+            timeout=90,
+        )
+
+    complete = {p.name: (_digest(p), p.stat().st_ino) for p in list_complete_checkpoints(out)}
+    expected = {"000002", "000004"} if point in AFTER_RENAME else {"000002"}
+    assert set(complete) == expected, (point, sorted(complete))
+
+    run_distributed(run_train, 2, ["--resume=true", *argv])
+    for name, (
+        digest,
+        inode,
+    ) in complete.items():  # untouched: resumed from the newest, damaged none
+        step = out / "checkpoints" / name
+        assert step.stat().st_ino == inode and _digest(step) == digest, name
+    final = load_file(out / "checkpoints/000006/pretrained_model/model.safetensors")
+    assert final.keys() == reference[mode].keys()
+    assert all(torch.equal(final[k], reference[mode][k]) for k in final), "final weights differ"
+    assert not list((out / "checkpoints").glob(".*")), "temporaries left behind"
+    SURVIVED.append(f"{mode}:{point}:rank{rank}")
+
+
+@pytest.mark.parametrize("point", ["save:before_rename", "save:after_exchange"])
+def test_replacing_a_checkpoint_of_the_same_step_never_loses_it(
+    reference, dataset_root, tmp_path, point
+):
+    """Resuming from step 2 while step 4 exists saves step 4 again: the old one is swapped out
+    atomically, so a kill on either side of the swap leaves one complete step 4."""
+    out = tmp_path / "out"
+    argv = _flags(dataset_root, "ddp", out)
+    run_distributed(run_train, 2, argv)
+    resume_from_2 = ["--resume=true", f"--config_path={out / 'checkpoints/000002'}", *argv]
+    with pytest.raises((RuntimeError, queue.Empty)):
+        run_distributed(
+            run_train,
+            2,
+            resume_from_2,
+            env={"LEROBOT_PIPE_FAULT_POINT": f"{point}@4:rank0"},
+            timeout=90,
+        )
+    assert [p.name for p in list_complete_checkpoints(out)] == ["000002", "000004", "000006"]
+    run_distributed(run_train, 2, ["--resume=true", *argv, "--steps=8"])
+    final = load_file(out / "checkpoints/000006/pretrained_model/model.safetensors")
+    assert all(torch.equal(final[k], reference["ddp"][k]) for k in final)
+    assert not list((out / "checkpoints").glob(".*"))
+    SURVIVED.append(f"ddp:replace:{point}")
+
+
+def test_report_points_tried_and_survived():
+    tried = len(CASES) + 2
+    print(f"\nkill-anywhere: {len(SURVIVED)} of {tried} fault points survived")
+    assert len(SURVIVED) == tried >= 20
