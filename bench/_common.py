@@ -1,0 +1,202 @@
+"""Shared helpers of the benchmark scripts (not a test module).
+
+Import this FIRST in a benchmark: it pins one intra-op thread per process (the machines have 2
+cores, and every process of a multi-rank run gets its own) before torch is imported.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+for _key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    os.environ.pop(_key, None)  # a single-process benchmark must not look launched
+
+REPO = Path(__file__).resolve().parent.parent
+for _p in (REPO, REPO / "tests"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# ACT sizes used across the benchmarks. "medium" is the trainer-overhead model: a step of batch 32
+# takes ~30-70 ms on one core of these machines.
+ACT_SIZES: dict[str, dict] = {
+    "small": dict(  # = ACT_TINY_PRESET (the embedded default run)
+        chunk_size=10,
+        n_action_steps=10,
+        dim_model=32,
+        n_heads=2,
+        dim_feedforward=64,
+        n_encoder_layers=2,
+        n_decoder_layers=1,
+        n_vae_encoder_layers=1,
+        latent_dim=8,
+    ),
+    "medium": dict(
+        chunk_size=10,
+        n_action_steps=10,
+        dim_model=128,
+        n_heads=8,
+        dim_feedforward=512,
+        n_encoder_layers=2,
+        n_decoder_layers=1,
+        n_vae_encoder_layers=1,
+        latent_dim=32,
+    ),
+    "large": dict(
+        chunk_size=10,
+        n_action_steps=10,
+        dim_model=256,
+        n_heads=8,
+        dim_feedforward=1024,
+        n_encoder_layers=4,
+        n_decoder_layers=1,
+        n_vae_encoder_layers=2,
+        latent_dim=32,
+    ),
+    # ~26.9 M parameters (~108 MB fp32): the FSDP memory / checkpoint model.
+    "100mb": dict(
+        chunk_size=10,
+        n_action_steps=10,
+        dim_model=512,
+        n_heads=8,
+        dim_feedforward=3200,
+        n_encoder_layers=3,
+        n_decoder_layers=1,
+        n_vae_encoder_layers=2,
+        latent_dim=32,
+    ),
+}
+
+
+def policy_flags(size: str | dict) -> dict[str, object]:
+    fields = ACT_SIZES[size] if isinstance(size, str) else size
+    return {"policy.type": "act", **{f"policy.{k}": v for k, v in fields.items()}}
+
+
+def argv_from(flags: dict[str, object]) -> list[str]:
+    out = []
+    for k, v in flags.items():
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            v = str(v).lower()
+        out.append(f"--{k}={v}")
+    return out
+
+
+def bench_tmp(name: str) -> Path:
+    """A fresh scratch folder (under $BENCH_TMP or the system temp dir), removed when this process
+    exits unless BENCH_KEEP=1. Forked ranks (os._exit) never remove it."""
+    base = Path(os.environ.get("BENCH_TMP", tempfile.gettempdir()))
+    base.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f"bench_{name}_", dir=base))
+    if os.environ.get("BENCH_KEEP") != "1":
+        owner = os.getpid()
+        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(path, ignore_errors=True))
+    return path
+
+
+def synthetic_dataset(root: Path, num_episodes: int = 50, episode_length: int = 100) -> Path:
+    from lerobot_pipe.datasets import write_synthetic_dataset
+
+    return write_synthetic_dataset(root, num_episodes=num_episodes, episode_length=episode_length)
+
+
+def act_policy_and_data(
+    size: str | dict,
+    dataset_root: Path,
+    batch_size: int,
+    seed: int = 0,
+    rank: int = 0,
+    dp_world_size: int = 1,
+):
+    """(policy, dataset, sampler, preprocessor) built the way make_plan + train build them."""
+    from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset
+    from lerobot_pipe.policies.act.configuration_act import ACTConfig
+    from lerobot_pipe.policies.factory import make_policy
+    from lerobot_pipe.processors import make_pre_post_processors
+
+    fields = ACT_SIZES[size] if isinstance(size, str) else size
+    cfg = ACTConfig(**fields)
+    ds = LeRobotDataset(
+        dataset_root, delta_timestamps={"action": [i / 10 for i in cfg.action_delta_indices]}
+    )
+    # fps of the synthetic dataset is 10; make_plan reads it from info.json the same way
+    assert ds.fps == 10
+    torch.manual_seed(seed)
+    policy = make_policy(cfg, ds.features)
+    policy.train()
+    pre, _ = make_pre_post_processors(cfg, ds.stats)
+    sampler = GlobalBatchSampler(len(ds), batch_size, rank, dp_world_size, seed)
+    return policy, ds, sampler, pre
+
+
+def n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def spread(xs) -> str:
+    return f"min {min(xs):.3g} / max {max(xs):.3g}"
+
+
+def malloc_trim() -> None:
+    gc.collect()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def rss_bytes() -> int:
+    """Current VmRSS of this process, after gc + malloc_trim."""
+    return rss_parts()["VmRSS"]
+
+
+def rss_parts() -> dict[str, int]:
+    """VmRSS and its parts (RssAnon: heap etc., RssFile: mapped files such as libtorch's code
+    pages, RssShmem) of this process in bytes, after gc + malloc_trim."""
+    malloc_trim()
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key = line.split(":", 1)[0]
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                out[key] = int(line.split()[1]) * 1024
+    return out
+
+
+def machine_load() -> str:
+    try:
+        return "load average " + " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "load average unknown"
+
+
+class Timer:
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.s = time.perf_counter() - self.t0
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"

@@ -1,0 +1,24 @@
+"""Offline conversion of model DCP checkpoints into LeRobot's safetensors files.
+
+See :mod:`lerobot_pipe.convert.dcp_to_safetensors`. Local folders only: DCP metadata is a pickle.
+"""
+
+from lerobot_pipe.convert.dcp_to_safetensors import (
+    ConversionError,
+    adapter_key_map,
+    convert_checkpoint,
+    find_pretrained_dir,
+    load_dcp_state_dict,
+    read_dcp_metadata,
+    verify_against_dcp,
+)
+
+__all__ = [
+    "ConversionError",
+    "adapter_key_map",
+    "convert_checkpoint",
+    "find_pretrained_dir",
+    "load_dcp_state_dict",
+    "read_dcp_metadata",
+    "verify_against_dcp",
+]

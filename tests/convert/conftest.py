@@ -1,0 +1,260 @@
+"""Fixtures for the DCP → safetensors converter tests.
+
+``run_distributed`` forks ``world_size`` processes that join a gloo process group on
+127.0.0.1 (a real multi-process run, no torchrun needed). The session fixtures use it
+to produce real FSDP2 DCP checkpoints (plain and PEFT/LoRA) plus the full-gathered
+reference weights written by rank 0, once per test session; each test then works on
+its own copy.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from lerobot_pipe import constants as C
+
+LAUNCH_TIMEOUT_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(fn: Callable, rank: int, world_size: int, port: int, args: tuple) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        OMP_NUM_THREADS="1",
+    )
+    code = 0
+    try:
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        try:
+            fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    # Skip atexit/pytest teardown inherited from the forked parent.
+    os._exit(code)
+
+
+def run_distributed(fn: Callable, world_size: int, *args) -> None:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` forked processes (gloo, CPU)."""
+    ctx = mp.get_context("fork")
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(fn, rank, world_size, port, args))
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    failed = []
+    for rank, p in enumerate(procs):
+        p.join(LAUNCH_TIMEOUT_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+            failed.append(f"rank {rank} timed out")
+        elif p.exitcode != 0:
+            failed.append(f"rank {rank} exited with {p.exitcode}")
+    if failed:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        raise RuntimeError("distributed run failed: " + ", ".join(failed))
+
+
+# --------------------------------------------------------------------------------------
+# A small policy-like model: model.encoder.layers.N (TransformerEncoderLayer) + heads.
+
+
+class _Encoder(nn.Module):
+    def __init__(self, dim: int, n_layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                dim, nhead=4, dim_feedforward=2 * dim, dropout=0.0, batch_first=True
+            )
+            for _ in range(n_layers)
+        )
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class _Core(nn.Module):
+    def __init__(self, dim: int, n_layers: int):
+        super().__init__()
+        self.input_proj = nn.Linear(5, dim)
+        self.encoder = _Encoder(dim, n_layers)
+        # 7 output rows: uneven Shard(0) split across 2 ranks.
+        self.action_head = nn.Linear(dim, 7)
+        # 1 output row: rank 1 holds an empty shard.
+        self.value_head = nn.Linear(dim, 1)
+        self.register_buffer("action_scale", torch.linspace(0.5, 1.5, 7))
+
+    def forward(self, x):
+        h = self.encoder(self.input_proj(x))
+        return self.action_head(h) * self.action_scale + self.value_head(h)
+
+
+class TinyPolicy(nn.Module):
+    def __init__(self, dim: int = 32, n_layers: int = 2):
+        super().__init__()
+        self.model = _Core(dim, n_layers)
+
+    def forward(self, x):
+        return self.model(x)
+
+
+LORA_KWARGS = dict(r=4, lora_alpha=8, target_modules=["linear1", "linear2", "input_proj"])
+LORA_MODULES_TO_SAVE = ["action_head"]
+
+
+def _shard_and_step(model: nn.Module, core: _Core, trainable) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in core.encoder.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(trainable, lr=1e-2)
+    g = torch.Generator().manual_seed(1234 + torch.distributed.get_rank())
+    x = torch.randn(3, 4, 5, generator=g)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    # Optimizer DCP next to the model, like the trainer: the converter must not read it.
+    return opt
+
+
+def _write_aux_files(pretrained: Path) -> None:
+    (pretrained / C.CONFIG_NAME).write_text(json.dumps({"type": "tiny", "dim": 32}))
+    (pretrained / C.TRAIN_CONFIG_NAME).write_text(json.dumps({"steps": 1}, indent=4))
+    from safetensors.torch import save_file
+
+    for name in (C.POLICY_PREPROCESSOR_NAME, C.POLICY_POSTPROCESSOR_NAME):
+        step_file = f"{name}_step_0_normalizer_processor.safetensors"
+        (pretrained / f"{name}.json").write_text(
+            json.dumps({"name": name, "steps": [{"registry_name": "n", "state_file": step_file}]})
+        )
+        save_file({"action.mean": torch.arange(7.0)}, str(pretrained / step_file))
+
+
+def _save_plain(rank: int, world_size: int, step_dir: str, reference: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    torch.manual_seed(0)
+    model = TinyPolicy()
+    opt = _shard_and_step(model, model.model, model.parameters())
+    pretrained = Path(step_dir) / C.PRETRAINED_MODEL_DIR
+    dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR))
+    dcp.save(
+        get_optimizer_state_dict(model, opt),
+        checkpoint_id=str(Path(step_dir) / C.TRAINING_STATE_DIR / C.OPTIMIZER_DCP_DIR),
+    )
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in full.items()}, reference)
+        _write_aux_files(pretrained)
+
+
+def _save_peft(rank: int, world_size: int, step_dir: str, reference: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    torch.manual_seed(0)
+    base = TinyPolicy()
+    config = LoraConfig(**LORA_KWARGS, modules_to_save=LORA_MODULES_TO_SAVE)
+    model = get_peft_model(base, config)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    _shard_and_step(model, base.model, trainable)
+    pretrained = Path(step_dir) / C.PRETRAINED_MODEL_DIR
+    dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR))
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if rank == 0:
+        adapter = get_peft_model_state_dict(model, state_dict=full)
+        save_file({k: v.contiguous() for k, v in adapter.items()}, reference)
+        model.peft_config["default"].save_pretrained(str(pretrained))
+        _write_aux_files(pretrained)
+
+
+def _make_checkpoint(root: Path, fn: Callable) -> tuple[Path, Path]:
+    step_dir = root / C.CHECKPOINTS_DIR / "000001"
+    (step_dir / C.PRETRAINED_MODEL_DIR).mkdir(parents=True)
+    reference = root / "reference.safetensors"
+    run_distributed(fn, 2, str(step_dir), str(reference))
+    return step_dir, reference
+
+
+@pytest.fixture(scope="session")
+def _plain_template(tmp_path_factory) -> tuple[Path, Path]:
+    return _make_checkpoint(tmp_path_factory.mktemp("plain"), _save_plain)
+
+
+@pytest.fixture(scope="session")
+def _peft_template(tmp_path_factory) -> tuple[Path, Path]:
+    return _make_checkpoint(tmp_path_factory.mktemp("peft"), _save_peft)
+
+
+def _copy_step(template: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "run" / C.CHECKPOINTS_DIR / template.name
+    shutil.copytree(template, dst, symlinks=True)
+    return dst
+
+
+@pytest.fixture
+def dcp_step(_plain_template, tmp_path) -> tuple[Path, Path]:
+    """A fresh copy of a real 2-rank FSDP2 step folder with the model as DCP, and the
+    full-gathered reference weights (model.safetensors of a ``safetensors`` run)."""
+    step_dir, reference = _plain_template
+    return _copy_step(step_dir, tmp_path), reference
+
+
+@pytest.fixture
+def peft_step(_peft_template, tmp_path) -> tuple[Path, Path]:
+    """Like ``dcp_step`` for a LoRA run; the reference is get_peft_model_state_dict."""
+    step_dir, reference = _peft_template
+    return _copy_step(step_dir, tmp_path), reference
+
+
+@pytest.fixture
+def tiny_policy_cls() -> type[nn.Module]:
+    """The small policy-like model used for the checkpoints (for tests that build their own)."""
+    return TinyPolicy
