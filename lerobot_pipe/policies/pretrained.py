@@ -332,8 +332,9 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
         return policy
 
     @abc.abstractmethod
-    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
-        """Training loss on a normalized batch, and its parts as floats."""
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Training loss on a normalized batch, and its parts as detached scalar tensors (reading
+        them is left to the caller, so a step costs no device sync)."""
 
     @abc.abstractmethod
     def select_action(self, batch: dict[str, Tensor]) -> Tensor:

@@ -58,8 +58,14 @@ def test_forward_backward(use_vae: bool, with_state: bool) -> None:
     loss, loss_dict = policy(make_batch(cfg))
     assert loss.dim() == 0 and torch.isfinite(loss)
     assert set(loss_dict) == ({"l1_loss", "kld_loss"} if use_vae else {"l1_loss"})
-    assert all(isinstance(v, float) for v in loss_dict.values())
-    expected = loss_dict["l1_loss"] + cfg.kl_weight * loss_dict.get("kld_loss", 0.0)
+    assert all(
+        isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad
+        for v in loss_dict.values()
+    )
+    expected = (
+        loss_dict["l1_loss"].item()
+        + cfg.kl_weight * loss_dict.get("kld_loss", torch.tensor(0.0)).item()
+    )
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     loss.backward()
     no_grad = [n for n, p in policy.named_parameters() if p.grad is None]
@@ -111,10 +117,12 @@ def test_losses_are_batch_means() -> None:
     _, full = policy(batch)
     parts = [policy(half)[1] for half in halves]
     # mu and log sigma^2 do not depend on the latent sample: the KL term is deterministic.
-    assert full["kld_loss"] == pytest.approx((parts[0]["kld_loss"] + parts[1]["kld_loss"]) / 2)
+    assert full["kld_loss"].item() == pytest.approx(
+        (parts[0]["kld_loss"] + parts[1]["kld_loss"]).item() / 2
+    )
     policy.eval()
-    l1 = policy(batch)[1]["l1_loss"]
-    l1_parts = [policy(half)[1]["l1_loss"] for half in halves]
+    l1 = policy(batch)[1]["l1_loss"].item()
+    l1_parts = [policy(half)[1]["l1_loss"].item() for half in halves]
     assert l1 == pytest.approx(sum(l1_parts) / 2, rel=1e-6)
 
 

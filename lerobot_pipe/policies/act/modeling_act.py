@@ -437,7 +437,7 @@ class ACTPolicy(PreTrainedPolicy):
             self._action_queue.extend(actions.transpose(0, 1))
         return self._action_queue.popleft()
 
-    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss = masked L1 on the chunk (+ kl_weight * KL when the VAE encoder ran).
 
         Every term is a mean over the batch dimension, so the mean of equal-sized per-rank
@@ -455,10 +455,10 @@ class ACTPolicy(PreTrainedPolicy):
         l1_loss = (
             F.l1_loss(target, actions_hat, reduction="none") * ~action_is_pad.bool().unsqueeze(-1)
         ).mean()
-        loss_dict = {"l1_loss": l1_loss.item()}
+        loss_dict = {"l1_loss": l1_loss.detach()}  # no .item(): no device sync per step
         if mu is None:
             return l1_loss, loss_dict
         # KL(N(mu, sigma^2) || N(0, 1)), summed over latent dims, averaged over the batch.
         kld_loss = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1).mean()
-        loss_dict["kld_loss"] = kld_loss.item()
+        loss_dict["kld_loss"] = kld_loss.detach()
         return l1_loss + kld_loss * self.config.kl_weight, loss_dict
