@@ -90,16 +90,16 @@ def cmd_validate(argv: list[str]) -> int:
 
 def cmd_resume_args(argv: list[str]) -> int:
     from lerobot_pipe import constants as C
-    from lerobot_pipe.training.checkpoint import latest_complete_checkpoint, read_training_step
+    from lerobot_pipe.training.checkpoint import newest_usable_checkpoint
 
     flags = split_flags(argv)
     output_dir = _take(flags, "output_dir", str, required=True)
     _no_more(flags, "resume-args", ["output_dir"])
-    latest = latest_complete_checkpoint(output_dir)
-    if latest is None:
+    found = newest_usable_checkpoint(output_dir)
+    if found is None:
         log.info("no complete checkpoint in %s: training starts fresh", output_dir)
         return 0
-    info = read_training_step(latest)
+    latest, info = found
     log.info("resuming from %s (step %d)", latest, info["step"])
     config = latest / C.PRETRAINED_MODEL_DIR / C.TRAIN_CONFIG_NAME
     print(f"--resume=true --config_path={config}")

@@ -10,7 +10,9 @@ pipeline:
    fsynced, then the folder is renamed to ``checkpoints/<step>/``.
 3. A checkpoint is complete iff ``<step>/training_state/training_step.json`` exists. Nothing
    else ever looks at an incomplete one; ``.tmp-*`` leftovers of a killed save are removed when
-   the next run starts.
+   the next run starts. training_step.json carries the size and SHA-256 of every other file of
+   the checkpoint (``"files"``), so a truncated, bit-flipped or missing file is found before a
+   resume uses it; automatic resume then falls back to the newest checkpoint that verifies.
 4. ``checkpoints/last`` is a relative symlink, replaced atomically and only ever pointing at a
    complete checkpoint.
 
@@ -22,11 +24,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import json
 import logging
 import os
 import random
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -372,7 +376,9 @@ def save_checkpoint(
             fault_point("save:after_scaler")
         _fsync_tree(tmp)
         fault_point("save:before_training_step")
-        write_json_atomic(training_state / C.TRAINING_STEP, training_step)
+        write_json_atomic(
+            training_state / C.TRAINING_STEP, {**training_step, "files": file_manifest(tmp)}
+        )
         _fsync_dir(training_state)
         fault_point("save:before_rename")
         _publish_step_folder(tmp, final)
@@ -446,6 +452,63 @@ class LoadedState:
     rng_restored: bool
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_manifest(step_dir: Path) -> dict[str, dict]:
+    """{relative path: {"size", "sha256"}} of every file in a checkpoint folder."""
+    return {
+        path.relative_to(step_dir).as_posix(): {
+            "size": path.stat().st_size,
+            "sha256": _sha256(path),
+        }
+        for path in sorted(step_dir.rglob("*"))
+        if path.is_file() and path.name != C.TRAINING_STEP
+    }
+
+
+def verify_checkpoint_files(step_dir: Path, info: dict) -> None:
+    """Check every file listed in training_step.json against its size and SHA-256. Model DCP
+    shards may be gone once lerobot-convert-dcp verified them into model.safetensors."""
+    pretrained = step_dir / C.PRETRAINED_MODEL_DIR
+    converted = any(
+        (pretrained / n).is_file() for n in (C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS)
+    )
+    dcp_prefix = f"{C.PRETRAINED_MODEL_DIR}/{C.MODEL_DCP_DIR}/"
+    for rel, expected in (info.get("files") or {}).items():
+        path = step_dir / rel
+        if not path.is_file():
+            if converted and rel.startswith(dcp_prefix):
+                continue
+            raise CheckpointError(f"checkpoint file missing: {path}")
+        if path.stat().st_size != expected["size"]:
+            raise CheckpointError(
+                f"corrupt checkpoint file {path}: {path.stat().st_size} bytes, expected {expected['size']} (truncated?)"
+            )
+        if _sha256(path) != expected["sha256"]:
+            raise CheckpointError(
+                f"corrupt checkpoint file {path}: SHA-256 does not match {C.TRAINING_STEP}"
+            )
+
+
+def newest_usable_checkpoint(output_dir: str | Path) -> tuple[Path, dict] | None:
+    """The newest complete checkpoint that validates; damaged newer ones are skipped with a
+    warning naming the problem (the safe choice for an automatic resume)."""
+    for step_dir in reversed(list_complete_checkpoints(output_dir)):
+        try:
+            return step_dir, validate_checkpoint_layout(step_dir)
+        except CheckpointError as e:
+            log.warning(
+                "skipping checkpoint %s: %s; falling back to an earlier one", step_dir.name, e
+            )
+    return None
+
+
 def validate_checkpoint_layout(step_dir: Path) -> dict:
     """Check that a step folder is a complete checkpoint of this project's layout; return its
     training_step.json. Called before any process group starts."""
@@ -487,6 +550,10 @@ def validate_checkpoint_layout(step_dir: Path) -> dict:
         for n in (C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS, C.MODEL_DCP_DIR)
     ):
         raise CheckpointError(f"checkpoint {pretrained} holds no model weights")
+    verify_checkpoint_files(resolved, info)
+    for name in (C.CONFIG_NAME, C.TRAIN_CONFIG_NAME):
+        if not isinstance(read_json_file(pretrained / name), dict):
+            raise CheckpointError(f"corrupt checkpoint file {pretrained / name}: not a JSON object")
     return info
 
 
@@ -580,7 +647,9 @@ def _dcp_load(state: dict, path: Path) -> None:
     if not (path / ".metadata").is_file():
         raise CheckpointError(f"missing DCP metadata: {path / '.metadata'}")
     try:
-        dcp.load(state, checkpoint_id=path)
+        with warnings.catch_warnings():  # a single-process load is intended, not a fallback
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
     except Exception as e:  # noqa: BLE001 - DCP wraps reader errors in many types
         raise CheckpointError(
             f"cannot load DCP checkpoint {path}: {type(e).__name__}: {e}"

@@ -40,8 +40,8 @@ from lerobot_pipe.policies.pretrained import PreTrainedConfig
 from lerobot_pipe.training.checkpoint import (
     CheckpointError,
     checkpoints_dir,
-    latest_complete_checkpoint,
     list_complete_checkpoints,
+    newest_usable_checkpoint,
     step_dir_from_path,
     validate_checkpoint_layout,
 )
@@ -237,25 +237,26 @@ def default_output_dir(cfg: TrainConfig) -> Path:
     return Path("outputs/train") / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S')}_{name}"
 
 
-def _locate_resume(source_step: Path | None, output_dir: Path) -> Path:
-    """--config_path's checkpoint, else the newest complete checkpoint of --output_dir."""
+def _locate_resume(source_step: Path | None, output_dir: Path) -> tuple[Path, dict]:
+    """--config_path's checkpoint (it must validate), else the newest complete checkpoint of
+    --output_dir that validates (damaged newer ones are skipped with a warning)."""
     if source_step is not None:
-        return source_step
-    latest = latest_complete_checkpoint(output_dir)
-    if latest is None:
+        return source_step, validate_checkpoint_layout(source_step)
+    found = newest_usable_checkpoint(output_dir)
+    if found is None:
         raise CheckpointError(
-            f"--resume=true but {checkpoints_dir(output_dir)} holds no complete checkpoint; "
-            "pass --config_path=<step>/pretrained_model/train_config.json or drop --resume"
+            f"--resume=true but {checkpoints_dir(output_dir)} holds no complete, undamaged "
+            "checkpoint; pass --config_path=<step>/pretrained_model/train_config.json or drop --resume"
         )
     last = checkpoints_dir(output_dir) / C.LAST_CHECKPOINT_LINK
-    if last.is_symlink() and last.resolve() != latest.resolve():
+    if last.is_symlink() and last.resolve() != found[0].resolve():
         log.warning(
-            "%s points to %s, which is not the newest complete checkpoint; resuming from %s",
+            "%s points to %s, which is not the newest usable checkpoint; resuming from %s",
             last,
             os.readlink(last),
-            latest,
+            found[0],
         )
-    return latest
+    return found
 
 
 def _check_resume_compatible(cfg: TrainConfig, step_dir: Path) -> None:
@@ -287,8 +288,7 @@ def make_plan(
 
     resume_from, resume_info = None, None
     if cfg.resume:
-        resume_from = _locate_resume(source_step, output_dir)
-        resume_info = validate_checkpoint_layout(resume_from)
+        resume_from, resume_info = _locate_resume(source_step, output_dir)
         resume_from = resume_from.resolve()
         _check_resume_compatible(cfg, resume_from)
         if (
