@@ -84,7 +84,7 @@ CASES = [
         {},
         "--config_path not found",
     ),
-    ("resume-without-checkpoint", ["--resume=true"], {}, "holds no complete checkpoint"),
+    ("resume-without-checkpoint", ["--resume=true"], {}, "holds no complete, undamaged checkpoint"),
     ("accelerate-env", [], {"ACCELERATE_USE_FSDP": "true"}, "ACCELERATE_USE_FSDP=true"),
     (
         "wrap-class-missing",
