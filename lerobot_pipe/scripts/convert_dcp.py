@@ -122,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     _setup_logging()
+    if args.push_to_hub:  # a bad repo id fails before anything is converted
+        from lerobot_pipe.hub.publish import PublishError, validate_repo_id
+
+        try:
+            validate_repo_id(args.push_to_hub)
+        except PublishError as e:
+            _error(f"--push_to_hub: {e}")
+            return 2
     from lerobot_pipe.convert.dcp_to_safetensors import ConversionError, convert_checkpoint
 
     try:
