@@ -1,0 +1,53 @@
+# lerobot_pipe: validate the config -> train with torchrun -> convert each checkpoint ->
+# publish to the Hugging Face Hub. config/README.md describes every config key.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/dataset.smk"
+include: "workflow/rules/validate.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/convert.smk"
+include: "workflow/rules/publish.smk"
+include: "workflow/rules/report.smk"
+
+
+# Targets and small jobs (the synthetic dataset, the report's figures and table) run
+# where Snakemake runs, also under the SLURM profile.
+localrules:
+    all,
+    convert_all,
+    publish_all,
+    dataset,
+    plot_training,
+    checkpoint_table,
+
+
+rule all:
+    input:
+        converted_steps,
+        published_steps if PUBLISHING else [],
+        rules.plot_training.output,
+        rules.checkpoint_table.output,
+    default_target: True
+
+
+rule convert_all:
+    input:
+        converted_steps,
+
+
+rule publish_all:
+    input:
+        published_steps,

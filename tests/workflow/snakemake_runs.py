@@ -1,0 +1,160 @@
+"""Run the pipeline as users do: `snakemake` as a subprocess in a fresh copy of the workflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from lerobot_pipe.constants import (
+    CHECKPOINTS_DIR,
+    ENV_FAULT_POINT,
+    MODEL_SAFETENSORS,
+    PRETRAINED_MODEL_DIR,
+    TRAINING_STATE_DIR,
+    TRAINING_STEP,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs")
+VENV_BIN = Path(sys.executable).parent
+RUN = "results/default"
+TRAIN_DIR = f"{RUN}/train"
+
+
+@dataclass
+class Result:
+    returncode: int
+    output: str
+    seconds: float
+
+    def jobs(self) -> dict[str, int]:
+        """Rule name -> number of jobs Snakemake started (or, in a dry run, would start)."""
+        counts: dict[str, int] = {}
+        for name in re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):$", self.output, re.M):
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+
+class Workspace:
+    """A copy of the workflow (a clean clone, as far as Snakemake can tell) in a tmp folder."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.first_result: Result | None = None  # set by the default_run fixture
+
+    @classmethod
+    def fresh(cls, root: Path) -> Workspace:
+        root.mkdir(parents=True, exist_ok=True)
+        for name in WORKFLOW_FILES:
+            src = REPO / name
+            if src.is_dir():
+                shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(src, root / name)
+        return cls(root)
+
+    def clone(self, root: Path) -> Workspace:
+        """Everything, pipeline outputs and Snakemake's metadata included (mtimes kept)."""
+        shutil.copytree(self.root, root, symlinks=True)
+        return Workspace(root)
+
+    def path(self, relative: str) -> Path:
+        return self.root / relative
+
+    def write_config(self, name: str, values: dict) -> str:
+        (self.root / name).write_text(yaml.safe_dump(values))
+        return name
+
+    def snakemake(
+        self,
+        *args: str,
+        env: dict | None = None,
+        timeout: float = 600,
+        interrupt_when: str | None = None,
+    ) -> Result:
+        """Run snakemake here. With interrupt_when, press Ctrl-C (SIGINT to its whole process
+        group, as a terminal does) as soon as that file exists."""
+        start = time.monotonic()
+        with subprocess.Popen(
+            [str(VENV_BIN / "snakemake"), *args],
+            cwd=self.root,
+            env=pipeline_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        ) as proc:
+            if interrupt_when is not None:
+                while not self.path(interrupt_when).exists() and proc.poll() is None:
+                    time.sleep(0.05)
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGINT)
+            try:
+                output, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise
+        result = Result(proc.returncode, output, time.monotonic() - start)
+        print(f"$ snakemake {' '.join(args)}  # {result.seconds:.1f} s, rc {proc.returncode}")
+        return result
+
+    def run_ok(self, *args: str, **kwargs) -> Result:
+        result = self.snakemake(*args, **kwargs)
+        assert result.returncode == 0, result.output[-6000:]
+        return result
+
+    def converted_steps(self) -> list[str]:
+        """Steps with a converted pretrained_model/ holding full weights."""
+        return sorted(
+            p.parent.parent.name
+            for p in self.root.glob(f"{RUN}/converted/*/{PRETRAINED_MODEL_DIR}/{MODEL_SAFETENSORS}")
+        )
+
+    def complete_checkpoints(self) -> list[str]:
+        return sorted(
+            p.parent.parent.name
+            for p in self.root.glob(
+                f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/*/{TRAINING_STATE_DIR}/{TRAINING_STEP}"
+            )
+            if p.parent.parent.name.isdigit()
+        )
+
+    def training_files_mtimes(self) -> dict[str, int]:
+        """Every file training wrote, for asserting that training did not run again."""
+        return {
+            str(p): p.stat().st_mtime_ns
+            for p in sorted(self.path(TRAIN_DIR).rglob("*"))
+            if p.is_file()
+        }
+
+    def converted_weights(self, step: str) -> dict:
+        from safetensors.torch import load_file
+
+        return load_file(
+            self.path(f"{RUN}/converted/{step}/{PRETRAINED_MODEL_DIR}/{MODEL_SAFETENSORS}")
+        )
+
+    def final_checkpoint(self) -> dict:
+        return json.loads(self.path(f"{RUN}/final_checkpoint.json").read_text())
+
+    def mtimes(self, pattern: str) -> dict[str, int]:
+        return {str(p): p.stat().st_mtime_ns for p in sorted(self.root.glob(pattern))}
+
+
+def pipeline_env(extra: dict | None = None) -> dict:
+    """The user's shell: the venv's console scripts on PATH, one thread per training process."""
+    env = {key: value for key, value in os.environ.items() if key != ENV_FAULT_POINT}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra or {})
+    return env

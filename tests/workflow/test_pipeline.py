@@ -1,0 +1,164 @@
+"""The pipeline end to end, as users run it: `snakemake --cores 2` on the default config, reruns
+after a kill, a new topology with more steps, partial reruns and publishing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from snakemake_runs import RUN, TRAIN_DIR, Workspace
+
+from lerobot_pipe.constants import ENV_FAULT_POINT, TMP_CHECKPOINT_PREFIX
+
+pytestmark = pytest.mark.slow
+
+DEFAULT_STEPS = ["000020", "000040", "000060"]
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs"
+
+
+def test_default_config_runs_end_to_end(default_run):
+    result = default_run.first_result
+    assert result.jobs() == {
+        "dataset": 1,
+        "validate": 1,
+        "train": 1,
+        "convert": 3,
+        "plot_training": 1,
+        "checkpoint_table": 1,
+        "all": 1,
+    }
+    assert "Publishing is off" in result.output
+    assert default_run.complete_checkpoints() == DEFAULT_STEPS
+    assert default_run.converted_steps() == DEFAULT_STEPS
+    final = default_run.final_checkpoint()
+    assert final["step"] == 60 and final["world_size"] == 2
+    assert "torchrun --standalone" in default_run.path(f"{RUN}/logs/train.log").read_text()
+    assert not default_run.path(f"{RUN}/published").exists()
+    for figure in ("loss.svg", "throughput.svg", "checkpoints.html"):
+        assert default_run.path(f"{RUN}/report/{figure}").stat().st_size > 0
+
+
+def test_second_run_has_nothing_to_do(default_run):
+    result = default_run.run_ok("--cores", "2")
+    assert "Nothing to be done" in result.output
+    assert result.jobs() == {}
+    assert result.seconds < 20
+
+
+def test_report_has_the_figures_and_the_checkpoint_table(default_run, tmp_path):
+    run = default_run.clone(tmp_path / "repo")
+    run.run_ok("--report", "report.html")
+    report = run.path("report.html").read_text()
+    for name in ("loss.svg", "throughput.svg", "checkpoints.html"):
+        assert name in report
+
+
+def test_killed_training_resumes_to_the_same_weights(default_run, tmp_path):
+    workspace = Workspace.fresh(tmp_path / "repo")
+    # The target convert_all stops after conversion: no report figures, no table.
+    command = ("--cores", "2", "convert_all")
+    # SIGKILL a training process while it saves step 40: step 20 is complete, step 40 is not.
+    killed = workspace.snakemake(*command, env={ENV_FAULT_POINT: "save:before_rename@40"})
+    assert killed.returncode != 0
+    assert workspace.complete_checkpoints() == ["000020"]
+    assert workspace.path(f"{TRAIN_DIR}/checkpoints/{TMP_CHECKPOINT_PREFIX}000040").exists()
+    assert workspace.converted_steps() == []
+
+    # The same command resumes from step 20; Ctrl-C once it has saved step 40.
+    step_40 = f"{TRAIN_DIR}/checkpoints/000040/training_state/training_step.json"
+    interrupted = workspace.snakemake(*command, interrupt_when=step_40)
+    assert interrupted.returncode != 0
+    assert "checkpoints/000020 (step 20)" in workspace.path(f"{RUN}/logs/train.log").read_text()
+    assert workspace.complete_checkpoints() == ["000020", "000040"]
+    assert not workspace.path(f"{RUN}/final_checkpoint.json").exists()
+
+    # And again: no --rerun-incomplete, no --unlock.
+    rerun = workspace.run_ok(*command)
+    assert rerun.jobs() == {"train": 1, "convert": 3, "convert_all": 1}
+    assert "checkpoints/000040 (step 40)" in workspace.path(f"{RUN}/logs/train.log").read_text()
+    assert workspace.complete_checkpoints() == DEFAULT_STEPS
+    assert workspace.converted_steps() == DEFAULT_STEPS
+    assert not workspace.path(f"{RUN}/report").exists()
+    assert_same_weights(
+        workspace.converted_weights("000060"), default_run.converted_weights("000060")
+    )
+
+
+def test_fewer_processes_and_more_steps_continue_and_convert_only_new_steps(default_run, tmp_path):
+    run = default_run.clone(tmp_path / "repo")
+    converted_before = run.mtimes(f"{RUN}/converted/*/pretrained_model/*")
+    # One process instead of two (FSDP2 -> single process), the same global batch, more steps.
+    override = run.write_config(
+        "more.yaml",
+        {
+            "launch": {"nproc_per_node": 1},
+            "train": {"steps": 100, "batch_size": 16, "checkpoint_format": "safetensors"},
+        },
+    )
+    result = run.run_ok("--cores", "2", "--configfile", "config/config.yaml", override)
+    assert result.jobs()["train"] == 1
+    assert result.jobs()["convert"] == 2
+    assert "step=000080" in result.output and "step=000100" in result.output
+    train_log = run.path(f"{RUN}/logs/train.log").read_text()
+    assert "checkpoints/000060 (step 60)" in train_log and "resharded" in train_log
+    final = run.final_checkpoint()
+    assert final["step"] == 100 and final["world_size"] == 1
+    assert run.converted_steps() == [*DEFAULT_STEPS, "000080", "000100"]
+    converted_after = run.mtimes(f"{RUN}/converted/*/pretrained_model/*")
+    assert {path: converted_after[path] for path in converted_before} == converted_before
+
+
+def test_rerun_convert_does_not_train(default_run, tmp_path):
+    run = default_run.clone(tmp_path / "repo")
+    training_before = run.training_files_mtimes()
+    result = run.run_ok("--cores", "2", "-R", "convert")
+    assert result.jobs() == {"convert": 3, "checkpoint_table": 1, "all": 1}
+    assert run.training_files_mtimes() == training_before
+    assert run.converted_steps() == DEFAULT_STEPS
+
+
+def test_publish_to_the_hub_and_rerun_publish_only(default_run, hub_server, tmp_path):
+    run = default_run.clone(tmp_path / "repo")
+    repo_id = "alice/tiny-act"
+    hub = ["--config", f"hub_repo_id={repo_id}", f"hub_endpoint={hub_server.url}"]
+    training_before = run.training_files_mtimes()
+    converted_before = run.mtimes(f"{RUN}/converted/*/pretrained_model/*")
+
+    result = run.run_ok("--cores", "2", *hub, env=hub_server.env())
+    assert result.jobs() == {"publish": 1, "checkpoint_table": 1, "all": 1}
+    assert "Publishing is off" not in result.output
+    receipt = json.loads(run.path(f"{RUN}/published/000060.json").read_text())
+    assert receipt["repo_id"] == repo_id
+    files = hub_server.list_files(repo_id)
+    assert "model.safetensors" in files and "config.json" in files
+    commits = hub_server.commit_count(repo_id)
+
+    rerun = run.run_ok("--cores", "2", "-R", "publish", *hub, env=hub_server.env())
+    assert rerun.jobs() == {"publish": 1, "checkpoint_table": 1, "all": 1}
+    assert (
+        json.loads(run.path(f"{RUN}/published/000060.json").read_text())["commit_id"]
+        == (receipt["commit_id"])
+    )
+    # Unchanged files make no new commit; neither training nor conversion ran again.
+    assert hub_server.commit_count(repo_id) == commits
+    assert run.training_files_mtimes() == training_before
+    assert run.mtimes(f"{RUN}/converted/*/pretrained_model/*") == converted_before
+
+
+def test_bad_config_fails_in_validate_before_training(tmp_path):
+    workspace = Workspace.fresh(tmp_path / "repo")
+    # 3 shards cannot divide 2 processes: lerobot-train's own topology check refuses it.
+    override = workspace.write_config("bad.yaml", {"train": {"parallelism": {"dp_shard": 3}}})
+    result = workspace.snakemake("--cores", "2", "--configfile", "config/config.yaml", override)
+    assert result.returncode != 0
+    assert "Error in rule validate" in result.output
+    assert "dp_shard" in result.output  # lerobot-train's message, on the console
+    assert "train" not in result.jobs()
+    assert not workspace.path(TRAIN_DIR).exists()
+    assert not workspace.path(f"{RUN}/logs/train.log").exists()

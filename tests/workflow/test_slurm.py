@@ -1,0 +1,62 @@
+"""The pipeline through the SLURM profile on a real cluster (`.ci/slurm.sh start` makes one on
+localhost): every rule a SLURM job, training launched with srun + torchrun.
+
+Skipped where no cluster answers, except under CI=true, where that is a failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from snakemake_runs import RUN, Workspace
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+
+def slurm_node_ready() -> str | None:
+    """None when a SLURM node is up, else why not."""
+    if shutil.which("sinfo") is None:
+        return "sinfo not found: SLURM is not installed (.ci/slurm.sh install)"
+    try:
+        states = subprocess.run(
+            ["sinfo", "--noheader", "--format=%T"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer within 20 s"
+    if states.returncode != 0 or not {"idle", "mixed", "allocated"} & set(states.stdout.split()):
+        return f"no SLURM node is up (.ci/slurm.sh start): {states.stdout}{states.stderr}"
+    return None
+
+
+@pytest.fixture
+def slurm_cluster():
+    why = slurm_node_ready()
+    if why is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI needs a SLURM cluster: {why}")
+        pytest.skip(why)
+
+
+def test_pipeline_through_the_slurm_profile(slurm_cluster, tmp_path):
+    workspace = Workspace.fresh(tmp_path / "repo")
+    # One checkpoint: each SLURM job costs seconds of start-up and status polling.
+    override = workspace.write_config("short.yaml", {"train": {"steps": 20}})
+    result = workspace.run_ok(
+        "--profile",
+        "workflow/profiles/slurm",
+        "--configfile",
+        "config/config.yaml",
+        override,
+    )
+    assert result.output.count("submitted with SLURM jobid") == 3  # validate, train, convert
+    train_log = workspace.path(f"{RUN}/logs/train.log").read_text()
+    assert "srun + torchrun" in train_log
+    assert workspace.complete_checkpoints() == ["000020"]
+    assert workspace.converted_steps() == ["000020"]
+    final = workspace.final_checkpoint()
+    assert final["step"] == 20 and final["world_size"] == 2

@@ -1,0 +1,133 @@
+"""The workflow without training: lint, dry runs, config validation, checkpoint discovery."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from snakemake_runs import RUN, TRAIN_DIR, Workspace
+
+from lerobot_pipe.constants import (
+    CHECKPOINTS_DIR,
+    LAST_CHECKPOINT_LINK,
+    PRETRAINED_MODEL_DIR,
+    TMP_CHECKPOINT_PREFIX,
+    TRAINING_STATE_DIR,
+    TRAINING_STEP,
+)
+
+
+@pytest.fixture
+def workspace(tmp_path) -> Workspace:
+    return Workspace.fresh(tmp_path / "repo")
+
+
+@pytest.fixture
+def trained(workspace) -> Workspace:
+    """A run as training leaves it, without training: steps 20 and 40 complete, 60 without its
+    training_step.json (killed while saving), 80 still in its temporary folder."""
+    checkpoints = workspace.path(f"{TRAIN_DIR}/{CHECKPOINTS_DIR}")
+    for name, complete in [
+        ("000020", True),
+        ("000040", True),
+        ("000060", False),
+        (f"{TMP_CHECKPOINT_PREFIX}000080", True),
+    ]:
+        (checkpoints / name / PRETRAINED_MODEL_DIR).mkdir(parents=True)
+        (checkpoints / name / TRAINING_STATE_DIR).mkdir()
+        if complete:
+            step = int(name[-6:])
+            (checkpoints / name / TRAINING_STATE_DIR / TRAINING_STEP).write_text(
+                json.dumps({"step": step})
+            )
+    (checkpoints / LAST_CHECKPOINT_LINK).symlink_to("000040")
+    # The upstream outputs, oldest first, as a finished run leaves them.
+    workspace.path(f"{RUN}/dataset").mkdir(parents=True)
+    workspace.path(f"{RUN}/resolved_train_config.json").write_text("{}")
+    workspace.path(f"{RUN}/final_checkpoint.json").write_text(json.dumps({"step": 40}))
+    return workspace
+
+
+def test_lint_is_clean(workspace):
+    result = workspace.run_ok("--lint")
+    assert "Congratulations" in result.output
+
+
+def test_dry_run_plans_the_stages_before_the_checkpoint(workspace):
+    result = workspace.run_ok("-n")
+    assert result.jobs() == {
+        "dataset": 1,
+        "validate": 1,
+        "train": 1,
+        "plot_training": 1,
+        "checkpoint_table": 1,
+        "all": 1,
+    }
+    assert "Publishing is off" in result.output
+    assert not workspace.path("results").exists()
+
+
+def test_dry_run_with_a_dataset_root_generates_no_dataset(workspace, tmp_path):
+    override = workspace.write_config(
+        "override.yaml", {"dataset": {"root": str(tmp_path / "my_dataset")}}
+    )
+    result = workspace.run_ok("-n", "-p", "--configfile", "config/config.yaml", override)
+    assert "dataset" not in result.jobs()
+    assert f"--dataset.root={tmp_path / 'my_dataset'}" in result.output
+
+
+@pytest.mark.parametrize("profile", ["local", "slurm"])
+def test_profiles_plan_the_same_jobs(workspace, profile):
+    result = workspace.run_ok("-n", "--profile", f"workflow/profiles/{profile}")
+    assert {"validate", "train"} <= result.jobs().keys()
+
+
+def test_publishing_switched_on_from_the_command_line(workspace):
+    result = workspace.run_ok("-n", "--config", "hub_repo_id=alice/tiny-act")
+    assert "Publishing is off" not in result.output
+
+
+@pytest.mark.parametrize(
+    "override, complaint",
+    [
+        ({"no_such_key": 1}, "no_such_key"),
+        ({"launch": {"nproc_per_node": 0}}, "nproc_per_node"),
+        ({"train": {"output_dir": "elsewhere"}}, "output_dir"),
+        ({"publish": {"steps": "some"}}, "steps"),
+    ],
+)
+def test_config_schema_rejects_bad_keys(workspace, override, complaint):
+    name = workspace.write_config("override.yaml", override)
+    result = workspace.snakemake("-n", "--configfile", "config/config.yaml", name)
+    assert result.returncode != 0
+    assert complaint in result.output
+
+
+def test_only_complete_checkpoints_are_converted(trained):
+    result = trained.run_ok("-n", "convert_all")
+    assert result.jobs() == {"convert": 2, "convert_all": 1}
+    assert "step=000020" in result.output and "step=000040" in result.output
+    assert "000060" not in result.output and "000080" not in result.output
+
+
+def test_publish_all_without_a_repository_says_how_to_set_one(trained):
+    result = trained.snakemake("-n", "publish_all")
+    assert result.returncode != 0
+    assert "hub_repo_id" in result.output
+
+
+@pytest.mark.parametrize("steps, published", [("final", ["000040"]), ("all", ["000020", "000040"])])
+def test_publish_selects_the_configured_steps(trained, steps, published):
+    name = trained.write_config("override.yaml", {"publish": {"steps": steps}})
+    result = trained.run_ok(
+        "-n",
+        "publish_all",
+        "--configfile",
+        "config/config.yaml",
+        name,
+        "--config",
+        "hub_repo_id=alice/tiny-act",
+    )
+    assert result.jobs()["publish"] == len(published)
+    for step in published:
+        assert f"{RUN}/published/{step}.json" in result.output

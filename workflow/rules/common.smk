@@ -1,0 +1,121 @@
+# Paths, the lerobot-train flags of the run, and the checkpoint steps training produced.
+import json
+import shlex
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
+
+from lerobot_pipe.constants import (
+    CHECKPOINTS_DIR,
+    LAST_CHECKPOINT_LINK,
+    PRETRAINED_MODEL_DIR,
+    TRAINING_STATE_DIR,
+    TRAINING_STEP,
+)
+
+RUN = config["run"]
+RESULTS = f"results/{RUN}"
+SYNTHETIC_DATASET = f"{RESULTS}/dataset"
+# lerobot-train's --output_dir. Never a declared output: Snakemake deletes the
+# declared outputs of a failed job and of a job it reruns; these are the checkpoints.
+TRAIN_DIR = f"{RESULTS}/train"
+STEP_DIR = f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/{{step}}"
+# Written last into a step folder: its presence marks a complete checkpoint.
+STEP_FILE = f"{STEP_DIR}/{TRAINING_STATE_DIR}/{TRAINING_STEP}"
+LAST_STEP_FILE = STEP_FILE.format(step=LAST_CHECKPOINT_LINK)
+METRICS = f"{TRAIN_DIR}/metrics.jsonl"
+
+USE_SYNTHETIC_DATASET = not (config["dataset"]["root"] or config["dataset"]["repo_id"])
+PUBLISHING = bool(config["hub_repo_id"])
+WORLD_SIZE = config["launch"]["nnodes"] * config["launch"]["nproc_per_node"]
+
+if not PUBLISHING and workflow.is_main_process:
+    logger.info(
+        "Publishing is off: the pipeline stops after conversion. "
+        "Switch it on with --config hub_repo_id=<user>/<repo>."
+    )
+
+
+wildcard_constraints:
+    step=r"\d+",
+
+
+def _flag_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def dotted_flags(mapping, prefix=""):
+    """Nested config keys as lerobot-train flags: {"policy": {"type": "act"}} gives
+    --policy.type=act.
+
+    Keys set to null are left out, so that lerobot-train's default applies.
+    """
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            yield from dotted_flags(value, f"{prefix}{key}.")
+        elif value is not None:
+            yield f"--{prefix}{key}={_flag_value(value)}"
+
+
+def dataset_flags():
+    if USE_SYNTHETIC_DATASET:
+        return {"root": SYNTHETIC_DATASET}
+    return {key: config["dataset"][key] for key in ("root", "repo_id", "revision")}
+
+
+def train_flags():
+    """The run's lerobot-train flags, resume flags aside, quoted for the shell.
+
+    validate and train both use them, so validate checks exactly what train launches.
+    """
+    flags = {
+        **config["train"],
+        "dataset": dataset_flags(),
+        "output_dir": TRAIN_DIR,
+        "job_name": RUN,
+    }
+    return " ".join(shlex.quote(flag) for flag in dotted_flags(flags))
+
+
+def dataset_input(wildcards):
+    return SYNTHETIC_DATASET if USE_SYNTHETIC_DATASET else []
+
+
+def complete_steps():
+    """Step folder names of the complete checkpoints, ascending.
+
+    Called behind checkpoints.train.get(), so it lists what the finished training left.
+    An unfinished save has no training_step.json yet, or still its temporary name.
+    """
+    step_files = Path(TRAIN_DIR, CHECKPOINTS_DIR).glob(
+        f"*/{TRAINING_STATE_DIR}/{TRAINING_STEP}"
+    )
+    steps = (path.parent.parent.name for path in step_files)
+    return sorted((step for step in steps if step.isdigit()), key=int)
+
+
+def is_final_step(step):
+    return step == complete_steps()[-1]
+
+
+def converted_steps(wildcards):
+    checkpoints.train.get()
+    return expand(rules.convert.output[0], step=complete_steps())
+
+
+def published_steps(wildcards):
+    if not PUBLISHING:
+        raise WorkflowError(
+            "Publishing is off: set the Hub repository with "
+            "--config hub_repo_id=<user>/<repo> (or hub_repo_id in a config file)."
+        )
+    checkpoints.train.get()
+    steps = complete_steps()
+    if config["publish"]["steps"] == "final":
+        steps = steps[-1:]
+    return expand(rules.publish.output[0], step=steps)

@@ -1,0 +1,22 @@
+# The embedded synthetic LeRobot v3.0 dataset, used when the config names no dataset.
+
+
+rule dataset:
+    output:
+        directory(SYNTHETIC_DATASET),
+    params:
+        synthetic=config["dataset"]["synthetic"],
+    log:
+        f"{RESULTS}/logs/dataset.log",
+    conda:
+        "../../envs/lerobot_pipe.yaml"
+    shell:
+        # Written beside the output and renamed: an interrupted job leaves no output.
+        """
+        rm -rf {output}.tmp
+        lerobot-pipe make-dataset --root={output}.tmp \
+            --num_episodes={params.synthetic[num_episodes]} \
+            --episode_length={params.synthetic[episode_length]} \
+            --seed={params.synthetic[seed]} > {log} 2>&1
+        mv {output}.tmp {output}
+        """

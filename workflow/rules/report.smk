@@ -1,0 +1,55 @@
+# Figures and tables for `snakemake --report report.html`.
+
+
+rule plot_training:
+    input:
+        rules.train.output[0],
+    output:
+        loss=report(
+            f"{RESULTS}/report/loss.svg",
+            caption="../report/loss.rst",
+            category="Training",
+            subcategory=RUN,
+            labels={"run": RUN, "figure": "loss"},
+        ),
+        throughput=report(
+            f"{RESULTS}/report/throughput.svg",
+            caption="../report/throughput.rst",
+            category="Training",
+            subcategory=RUN,
+            labels={"run": RUN, "figure": "throughput"},
+        ),
+    params:
+        # lerobot-train appends to it at every logging step, beside the checkpoints.
+        metrics=METRICS,
+        run=RUN,
+    log:
+        f"{RESULTS}/logs/plot_training.log",
+    conda:
+        "../../envs/lerobot_pipe.yaml"
+    script:
+        "../scripts/plot_training.py"
+
+
+rule checkpoint_table:
+    input:
+        converted=converted_steps,
+        published=published_steps if PUBLISHING else [],
+    output:
+        report(
+            f"{RESULTS}/report/checkpoints.html",
+            caption="../report/checkpoints.rst",
+            category="Checkpoints",
+            subcategory=RUN,
+            labels={"run": RUN, "table": "checkpoints"},
+        ),
+    params:
+        train_dir=TRAIN_DIR,
+        metrics=METRICS,
+        run=RUN,
+    log:
+        f"{RESULTS}/logs/checkpoint_table.log",
+    conda:
+        "../../envs/lerobot_pipe.yaml"
+    script:
+        "../scripts/checkpoint_table.py"

@@ -1,0 +1,61 @@
+"""An HTML table of a run's checkpoints: step, topology, loss, converted folder, Hub commit."""
+
+import contextlib
+import html
+import json
+from pathlib import Path
+
+from lerobot_pipe.constants import CHECKPOINTS_DIR, TRAINING_STATE_DIR, TRAINING_STEP
+
+COLUMNS = ("step", "processes", "topology", "loss", "converted", "Hub revision", "commit")
+
+
+def losses(metrics: Path) -> dict[int, float]:
+    if not metrics.exists():
+        return {}
+    records = (json.loads(line) for line in metrics.read_text().splitlines() if line.strip())
+    return {int(r["step"]): r["loss"] for r in records if "loss" in r}
+
+
+def row(converted: Path, train_dir: Path, loss: dict[int, float], receipts: dict[str, dict]):
+    step = converted.parent.name
+    state = json.loads(
+        (train_dir / CHECKPOINTS_DIR / step / TRAINING_STATE_DIR / TRAINING_STEP).read_text()
+    )
+    receipt = receipts.get(step, {})
+    parallelism = state["parallelism"]
+    return (
+        str(int(step)),
+        str(state["world_size"]),
+        f"{parallelism['mode']}: dp_replicate={parallelism['dp_replicate']}"
+        f" x dp_shard={parallelism['dp_shard']}",
+        f"{loss[int(step)]:.4f}" if int(step) in loss else "",
+        str(converted),
+        str(receipt.get("revision", "")),
+        str(receipt.get("commit_id", "")),
+    )
+
+
+def cells(tag: str, values) -> str:
+    return "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in values)
+
+
+def main(snakemake) -> None:
+    loss = losses(Path(snakemake.params.metrics))
+    receipts = {Path(p).stem: json.loads(Path(p).read_text()) for p in snakemake.input.published}
+    rows = [
+        row(Path(p), Path(snakemake.params.train_dir), loss, receipts)
+        for p in snakemake.input.converted
+    ]
+    body = "\n".join(f"<tr>{cells('td', r)}</tr>" for r in rows)
+    Path(snakemake.output[0]).write_text(
+        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(snakemake.params.run)}: checkpoints</title>"
+        "<style>table{border-collapse:collapse;font-family:sans-serif}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}</style></head>"
+        f"<body><table>\n<tr>{cells('th', COLUMNS)}</tr>\n{body}\n</table></body></html>\n"
+    )
+
+
+with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):  # noqa: F821
+    main(snakemake)  # noqa: F821  (injected by Snakemake's script directive)
