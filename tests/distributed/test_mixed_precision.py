@@ -9,6 +9,8 @@ import pytest
 from launch import run_distributed
 from tiny import losses, run_train, tiny_act_flags
 
+from lerobot_pipe.training.checkpoint import file_manifest
+
 
 @pytest.mark.parametrize(
     ("precision", "parallel"),
@@ -60,6 +62,10 @@ def test_fp16_scaler_state_is_restored(dataset_root, tmp_path):
     state["scale"] = 1024.0
     state["_growth_tracker"] = 0
     path.write_text(json.dumps(state))
+    step_file = tmp_path / "a/checkpoints/000004/training_state/training_step.json"
+    info = json.loads(step_file.read_text())
+    info["files"] = file_manifest(tmp_path / "a/checkpoints/000004")  # keep it a valid checkpoint
+    step_file.write_text(json.dumps(info))
     run_train(
         [
             "--resume=true",
