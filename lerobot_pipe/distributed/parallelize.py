@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
@@ -248,18 +249,40 @@ def make_grad_scaler(
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Clip by the global gradient norm over sharded (DTensor) and plain gradients alike."""
+    """Clip by the global gradient norm over sharded (DTensor) and plain gradients alike (FSDP2
+    with ignored modules has both; torch's clip_grad_norm_ cannot mix them)."""
     grads = [p.grad for p in params if p.grad is not None]
-    parts = []
-    for group in (
-        [g for g in grads if isinstance(g, DTensor)],
-        [g for g in grads if not isinstance(g, DTensor)],
-    ):
-        if group:
-            norm = nn.utils.get_total_norm(group)
-            parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    if not parts:
+    groups = [
+        g
+        for g in (
+            [x for x in grads if isinstance(x, DTensor)],
+            [x for x in grads if not isinstance(x, DTensor)],
+        )
+        if g
+    ]
+    if not groups:
         return torch.zeros(())
-    total = torch.linalg.vector_norm(torch.stack([p.float() for p in parts]))
-    nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    if len(groups) == 1:
+        norm = nn.utils.clip_grad_norm_(params, max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    norms = []
+    for group in groups:
+        norm = nn.utils.get_total_norm(group)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    coef = min(1.0, max_norm / (total.item() + 1e-6))
+    for group in groups:
+        for grad in group:
+            grad.mul_(coef)
     return total
+
+
+def average_gradients(params: list[nn.Parameter]) -> None:
+    """All-reduce-average the gradients of parameters no wrapper reduces (FSDP2-ignored ones)."""
+    if not params or not dist.is_initialized():
+        return
+    world_size = dist.get_world_size()
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= world_size

@@ -31,6 +31,7 @@ from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
 from lerobot_pipe.distributed.parallelize import (
     apply_parallelism,
     autocast_dtype,
+    average_gradients,
     clip_grad_norm,
     ignored_parameters,
     make_grad_scaler,
@@ -384,14 +385,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
                 scaler.scale(loss / ga).backward()
             faults.fault_point("train:after_backward")
             if sync:
-                for p in ignored:
-                    if p.grad is not None:
-                        dist.all_reduce(
-                            p.grad,
-                            op=dist.ReduceOp.AVG if env.backend == "nccl" else dist.ReduceOp.SUM,
-                        )
-                        if env.backend != "nccl":
-                            p.grad /= env.world_size
+                average_gradients(ignored)
                 scaler.unscale_(optimizer)
                 if cfg.optimizer.grad_clip_norm > 0:
                     grad_norm = clip_grad_norm(trainable, cfg.optimizer.grad_clip_norm)
@@ -412,9 +406,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
                 record = {
                     "step": step,
                     "loss": stats[0].item() / max(stats[1].item(), 1),
-                    "grad_norm": float(
-                        grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-                    ),
+                    "grad_norm": float(grad_norm),
                     "lr": optimizer.param_groups[0]["lr"],
                     "samples_per_s": window_samples / elapsed if elapsed > 0 else 0.0,
                     "epoch": sampler.samples_consumed / len(plan.dataset),

@@ -93,7 +93,13 @@ def sources(dataset_root, tmp_path_factory):
     """Uninterrupted deterministic runs on every topology, checkpointing at step K and TOTAL."""
     root = tmp_path_factory.mktemp("sources")
     flags = tiny_act_flags(
-        **DETERMINISTIC, **{"dataset.root": dataset_root, "steps": TOTAL, "save_freq": K, "scheduler.type": "cosine_decay_with_warmup"}
+        **DETERMINISTIC,
+        **{
+            "dataset.root": dataset_root,
+            "steps": TOTAL,
+            "save_freq": K,
+            "scheduler.type": "cosine_decay_with_warmup",
+        },
     )
     return {
         name: (root / name, _run(name, [*flags, f"--output_dir={root / name}"]))
