@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.training.faults import fault_point
 
 logger = logging.getLogger(__name__)
 
@@ -557,6 +558,25 @@ def _tmp_path(final: Path) -> Path:
     return final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+def _remove_dead_temporaries(folder: Path, final_name: str) -> None:
+    """Temporary weights files of conversions whose process is gone (killed mid-write)."""
+    for tmp in folder.glob(f".{final_name}.tmp-*"):
+        pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            logger.info("Removed %s, left by an interrupted conversion", tmp.name)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _is_tmp_name(name: str) -> bool:
     return name.startswith(".") and any(m in name for m in _TMP_MARKERS)
 
@@ -933,8 +953,10 @@ def _write_weights(
         if verify:
             verify_against_dcp(tmp, _load_mapped(dcp_dir, key_map))
             logger.info("Verified %s against the DCP shards (%d tensors)", final.name, len(key_map))
+        fault_point("convert:before_replace")
         os.replace(tmp, final)
         _fsync_dir(final.parent)
+        fault_point("convert:after_replace")
     except ConversionError:
         tmp.unlink(missing_ok=True)
         raise
@@ -1066,6 +1088,7 @@ def _delete_dcp(dcp_dir: Path) -> None:
     try:
         os.replace(dcp_dir, doomed)
         _fsync_dir(dcp_dir.parent)
+        fault_point("convert:during_delete")
         shutil.rmtree(doomed)
     except OSError as e:
         raise ConversionError(f"cannot delete {dcp_dir}: {_one_line(e)}") from e
@@ -1097,12 +1120,19 @@ def convert_checkpoint(
     weights_name = C.ADAPTER_SAFETENSORS if is_peft else C.MODEL_SAFETENSORS
     dcp_dir = pretrained / C.MODEL_DCP_DIR
     has_dcp = dcp_dir.exists()
+    if (pretrained / weights_name).is_file():
+        # A deletion that was killed half-way: it only ever starts after the weights file was
+        # verified and in place, so what is left of the renamed shard folder can go.
+        for stale in pretrained.glob(f".{C.MODEL_DCP_DIR}.deleting-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+            logger.info("Removed %s, left by an interrupted --delete_dcp", stale.name)
     if not has_dcp and not (pretrained / weights_name).is_file():
         raise ConversionError(
             f"nothing to convert: {pretrained} has neither {C.MODEL_DCP_DIR}/ nor {weights_name}"
         )
     out_dir = _prepare_output(pretrained, output_dir)
     final = out_dir / weights_name
+    _remove_dead_temporaries(out_dir, weights_name)
 
     if out_dir != pretrained:
         try:
