@@ -23,7 +23,8 @@ install() {
 
 write_conf() {
     local cpus mem_mb
-    cpus=$(nproc)
+    # Not nproc: it honours OMP_NUM_THREADS (1 in CI), which would make a 1-CPU node.
+    cpus=$(getconf _NPROCESSORS_ONLN)
     # Leave 2 GB to the system; SLURM refuses a node that reports less than RealMemory.
     mem_mb=$(($(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo) - 2048))
     cat >"$state/slurm.conf" <<CONF
