@@ -57,7 +57,7 @@ checkpoint train:
         # In a SLURM allocation of more than one process: srun starts one torchrun per
         # node, with c10d rendezvous on the first node. Otherwise a standalone torchrun.
         """
-        export OMP_NUM_THREADS=1
+        export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # threads: sets both to 2 per rank
         resume=$(lerobot-pipe resume-args --output_dir={params.output_dir} 2> {log})
         train=$(which lerobot-train)
         if [ -n "${{SLURM_JOB_ID:-}}" ] && [ {params.world_size} -gt 1 ]; then
