@@ -35,12 +35,12 @@ localrules:
 
 
 rule all:
+    default_target: True
     input:
         converted_steps,
         published_steps if PUBLISHING else [],
         rules.plot_training.output,
         rules.checkpoint_table.output,
-    default_target: True
 
 
 rule convert_all:

@@ -53,6 +53,30 @@ def test_lint_is_clean(workspace):
     assert "Congratulations" in result.output
 
 
+def test_snakefmt_is_clean():
+    """Snakefile and rules are formatted with snakefmt (it formats the shell blocks with shfmt)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    snakefmt = shutil.which("snakefmt") or str(Path(sys.executable).parent / "snakefmt")
+    if not Path(snakefmt).exists():
+        pytest.skip("snakefmt is not installed (it is in the dev extra)")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PATH": f"{Path(snakefmt).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(
+        [snakefmt, "--check", "Snakefile", "workflow/rules"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_dry_run_plans_the_stages_before_the_checkpoint(workspace):
     result = workspace.run_ok("-n")
     assert result.jobs() == {

@@ -7,17 +7,17 @@ rule convert:
         STEP_FILE,
     output:
         directory(f"{RESULTS}/converted/{{step}}/{PRETRAINED_MODEL_DIR}"),
-    params:
-        step_dir=lambda wildcards: STEP_DIR.format(step=wildcards.step),
     log:
         f"{RESULTS}/logs/convert/{{step}}.log",
     conda:
         "../../envs/lerobot_pipe.yaml"
+    params:
+        step_dir=lambda wildcards: STEP_DIR.format(step=wildcards.step),
     shell:
         # Written beside the output and renamed: an interrupted job leaves no output.
         """
         rm -rf {output}.tmp
         lerobot-convert-dcp --checkpoint_dir={params.step_dir} \
-            --output_dir={output}.tmp > {log} 2>&1
+            --output_dir={output}.tmp >{log} 2>&1
         mv {output}.tmp {output}
         """

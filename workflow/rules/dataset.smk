@@ -4,12 +4,12 @@
 rule dataset:
     output:
         directory(SYNTHETIC_DATASET),
-    params:
-        synthetic=config["dataset"]["synthetic"],
     log:
         f"{RESULTS}/logs/dataset.log",
     conda:
         "../../envs/lerobot_pipe.yaml"
+    params:
+        synthetic=config["dataset"]["synthetic"],
     shell:
         # Written beside the output and renamed: an interrupted job leaves no output.
         """
@@ -17,6 +17,6 @@ rule dataset:
         lerobot-pipe make-dataset --root={output}.tmp \
             --num_episodes={params.synthetic[num_episodes]} \
             --episode_length={params.synthetic[episode_length]} \
-            --seed={params.synthetic[seed]} > {log} 2>&1
+            --seed={params.synthetic[seed]} >{log} 2>&1
         mv {output}.tmp {output}
         """

@@ -8,6 +8,13 @@ rule publish:
         rules.convert.output[0],
     output:
         f"{RESULTS}/published/{{step}}.json",
+    log:
+        f"{RESULTS}/logs/publish/{{step}}.log",
+    conda:
+        "../../envs/lerobot_pipe.yaml"
+    resources:
+        # One commit at a time to the repository (a global limit in the profiles).
+        hub_commits=1,
     params:
         repo_id=config["hub_repo_id"],
         intermediate=lambda wildcards: str(not is_final_step(wildcards.step)).lower(),
@@ -15,18 +22,11 @@ rule publish:
         endpoint=(
             f"--endpoint={config['hub_endpoint']}" if config["hub_endpoint"] else ""
         ),
-    resources:
-        # One commit at a time to the repository (a global limit in the profiles).
-        hub_commits=1,
-    log:
-        f"{RESULTS}/logs/publish/{{step}}.log",
-    conda:
-        "../../envs/lerobot_pipe.yaml"
     shell:
         # lerobot-pipe publish writes the receipt atomically, after the commit.
         """
         lerobot-pipe publish --pretrained_dir={input} --repo_id={params.repo_id} \
             --step={wildcards.step} --intermediate={params.intermediate} \
             --private={params.private} {params.endpoint} \
-            --receipt={output} > {log} 2>&1
+            --receipt={output} >{log} 2>&1
         """

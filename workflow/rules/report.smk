@@ -19,14 +19,14 @@ rule plot_training:
             subcategory=RUN,
             labels={"run": RUN, "figure": "throughput"},
         ),
-    params:
-        # lerobot-train appends to it at every logging step, beside the checkpoints.
-        metrics=METRICS,
-        run=RUN,
     log:
         f"{RESULTS}/logs/plot_training.log",
     conda:
         "../../envs/lerobot_pipe.yaml"
+    params:
+        # lerobot-train appends to it at every logging step, beside the checkpoints.
+        metrics=METRICS,
+        run=RUN,
     script:
         "../scripts/plot_training.py"
 
@@ -43,13 +43,13 @@ rule checkpoint_table:
             subcategory=RUN,
             labels={"run": RUN, "table": "checkpoints"},
         ),
-    params:
-        train_dir=TRAIN_DIR,
-        metrics=METRICS,
-        run=RUN,
     log:
         f"{RESULTS}/logs/checkpoint_table.log",
     conda:
         "../../envs/lerobot_pipe.yaml"
+    params:
+        train_dir=TRAIN_DIR,
+        metrics=METRICS,
+        run=RUN,
     script:
         "../scripts/checkpoint_table.py"

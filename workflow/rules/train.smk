@@ -38,6 +38,13 @@ checkpoint train:
         rules.validate.output[0],
     output:
         f"{RESULTS}/final_checkpoint.json",
+    log:
+        f"{RESULTS}/logs/train.log",
+    conda:
+        "../../envs/lerobot_pipe.yaml"
+    threads: config["launch"]["nproc_per_node"]
+    resources:
+        **train_resources(),
     params:
         flags=train_flags(),
         nproc_per_node=config["launch"]["nproc_per_node"],
@@ -46,37 +53,30 @@ checkpoint train:
         rdzv_port=config["launch"]["rdzv_port"],
         output_dir=TRAIN_DIR,
         last_step_file=LAST_STEP_FILE,
-    threads: config["launch"]["nproc_per_node"]
-    resources:
-        **train_resources(),
-    log:
-        f"{RESULTS}/logs/train.log",
-    conda:
-        "../../envs/lerobot_pipe.yaml"
     shell:
         # In a SLURM allocation of more than one process: srun starts one torchrun per
         # node, with c10d rendezvous on the first node. Otherwise a standalone torchrun.
         """
-        export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # threads: sets both to 2 per rank
-        resume=$(lerobot-pipe resume-args --output_dir={params.output_dir} 2> {log})
+        export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 # threads: sets both to 2 per rank
+        resume=$(lerobot-pipe resume-args --output_dir={params.output_dir} 2>{log})
         train=$(which lerobot-train)
         if [ -n "${{SLURM_JOB_ID:-}}" ] && [ {params.world_size} -gt 1 ]; then
             nodes=$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%N)
             head=$(scontrol show hostnames "$nodes" | head -n 1)
             echo "SLURM job $SLURM_JOB_ID: srun + torchrun on $nodes," \
-                "rendezvous $head:{params.rdzv_port}" >> {log}
+                "rendezvous $head:{params.rdzv_port}" >>{log}
             srun --nodes={params.nnodes} --ntasks={params.nnodes} --ntasks-per-node=1 \
-                --cpus-per-task=$(({params.nproc_per_node}*{resources.cpus_per_task})) \
+                --cpus-per-task=$(({params.nproc_per_node} * {resources.cpus_per_task})) \
                 --kill-on-bad-exit=1 \
                 torchrun --nnodes={params.nnodes} \
                 --nproc-per-node={params.nproc_per_node} \
                 --rdzv-backend=c10d --rdzv-id="$SLURM_JOB_ID" \
                 --rdzv-endpoint="$head:{params.rdzv_port}" \
-                "$train" $resume {params.flags} >> {log} 2>&1
+                "$train" $resume {params.flags} >>{log} 2>&1
         else
-            echo "torchrun --standalone on $(hostname)" >> {log}
+            echo "torchrun --standalone on $(hostname)" >>{log}
             torchrun --standalone --nproc-per-node={params.nproc_per_node} \
-                "$train" $resume {params.flags} >> {log} 2>&1
+                "$train" $resume {params.flags} >>{log} 2>&1
         fi
         cp {params.last_step_file} {output}.tmp
         mv {output}.tmp {output}
