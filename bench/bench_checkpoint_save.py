@@ -102,7 +102,7 @@ def rank_main(dataset_root: str, out_root: str, reps: int) -> dict:
                 dist.barrier()
                 t0 = time.perf_counter()
                 if variant in ("dcp", "safetensors"):
-                    ctx = CheckpointContext(env.is_main, True, variant, env.rank, env.world_size)
+                    ctx = CheckpointContext(env.is_main, True, variant)
                     written = save_checkpoint(
                         output_dir=out / variant,
                         step=step,

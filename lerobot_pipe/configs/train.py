@@ -14,7 +14,6 @@ from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 CHECKPOINT_FORMATS = ("safetensors", "dcp", "safetensors_dcp")
-DTYPE_CHOICES = ("float32", "bfloat16", "float16")
 SCHEDULER_TYPES = ("cosine_decay_with_warmup", "constant_with_warmup")
 OPTIMIZER_TYPES = ("adamw", "adam", "sgd")
 PEFT_METHODS = ("LORA",)

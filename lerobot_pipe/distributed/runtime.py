@@ -88,22 +88,6 @@ def gather_objects(obj: Any) -> list[Any] | None:
     return out
 
 
-def run_on_main(fn, *args, **kwargs):
-    """Run ``fn`` on rank 0 only; every rank returns its result or raises its error, together."""
-    result, error = None, None
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        try:
-            result = fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - re-raised on every rank below
-            error = e
-    error_msg = broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
-    if error is not None:
-        raise error
-    if error_msg is not None:
-        raise RuntimeError(f"rank 0 failed: {error_msg}")
-    return broadcast_object(result)
-
-
 def destroy() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

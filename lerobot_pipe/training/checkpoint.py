@@ -57,8 +57,6 @@ from lerobot_pipe.training.faults import fault_point
 
 log = logging.getLogger(__name__)
 
-TRAINING_STEP_KEYS = ("step", "dp_world_size", "batch_size", "grad_accum_steps", "parallelism")
-
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used. The message names the file."""
@@ -282,8 +280,6 @@ class CheckpointContext:
     is_main: bool
     sharded: bool  # FSDP2/HSDP: optimizer state (and optionally the model) go to DCP shards
     checkpoint_format: str
-    rank: int
-    world_size: int
 
 
 def gather_full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -446,12 +442,6 @@ def update_last_link(ckpt_root: Path, name: str) -> None:
 # --------------------------------------------------------------------------- load
 
 
-@dataclass
-class LoadedState:
-    training_step: dict
-    rng_restored: bool
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -567,7 +557,7 @@ def load_checkpoint(
     scheduler: Any | None = None,
     scaler: torch.amp.GradScaler | None = None,
     model_key_map: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
-) -> LoadedState:
+) -> dict:
     """Restore model, optimizer, scheduler, scaler and this rank's RNG from a complete checkpoint,
     onto whatever topology ``model`` is wrapped for (resharding as needed). Collective."""
     step_dir = step_dir.resolve()
@@ -638,9 +628,9 @@ def load_checkpoint(
         else:
             log.warning("checkpoint has no %s: the fp16 loss scale starts fresh", path)
 
-    rng_restored = _restore_rank_rng(training_state / C.RNG_STATE, rank, world_size, info)
+    _restore_rank_rng(training_state / C.RNG_STATE, rank, world_size, info)
     barrier()
-    return LoadedState(training_step=info, rng_restored=rng_restored)
+    return info
 
 
 def _dcp_load(state: dict, path: Path) -> None:

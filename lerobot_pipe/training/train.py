@@ -352,9 +352,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
     )
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers)
     metrics = MetricsLog(plan, env.is_main)
-    ctx = CheckpointContext(
-        env.is_main, dims.is_sharded, cfg.checkpoint_format, env.rank, env.world_size
-    )
+    ctx = CheckpointContext(env.is_main, dims.is_sharded, cfg.checkpoint_format)
     write_pretrained = _write_pretrained_fn(
         plan, session.policy, session.trainee, pre, session.post
     )
@@ -454,11 +452,10 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
 
 
 def _push_final(plan: TrainingPlan, step_dir: Path) -> None:
-    from lerobot_pipe.distributed.runtime import run_on_main
-    from lerobot_pipe.hub.publish import publish_checkpoint
+    from lerobot_pipe.hub.publish import publish_checkpoint, publish_from_main_process
 
     repo_id = plan.cfg.policy.repo_id
-    run_on_main(
+    publish_from_main_process(
         publish_checkpoint,
         step_dir,
         repo_id,
