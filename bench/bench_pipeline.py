@@ -1,7 +1,7 @@
 """Benchmark the Snakemake pipeline against the same commands run by a plain shell script.
 
     .venv/bin/python bench/bench_pipeline.py [--reps=3] [--noop-reps=3] [--noop-steps=100]
-                                             [--no-fix-variant] [--skip-noop] [--keep]
+                                             [--skip-noop] [--keep]
 
 A: ``snakemake --cores 2`` on the embedded default config (config/config.yaml), from scratch, in a
    fresh temporary copy of the workflow (Snakefile, workflow/, config/, envs/), run with that copy
@@ -15,13 +15,7 @@ B: the same commands the rules run, generated from the same config values into o
    ``snakemake`` object that Snakemake's ``script:`` directive injects. The report is in both
    sides, as the default target builds it.
 
-F (on by default, --no-fix-variant leaves it out): A with one line changed in the temporary copy,
-   ``export OMP_NUM_THREADS=1`` -> ``export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1`` in
-   workflow/rules/train.smk. Snakemake exports MKL_NUM_THREADS=<threads> (2 for train) to every
-   job and torch takes its intra-op thread count from MKL_NUM_THREADS before OMP_NUM_THREADS, so
-   under A each of the 2 training ranks runs 2 threads on the 2 cores; F measures the fix.
-
-A, B and F alternate (order rotating each repetition); medians, A/B and F/B are printed, with the
+A and B alternate (order rotating each repetition); medians and A/B are printed, with the
 training loop's own samples/s of each run. Target A/B <= 1.15.
 A's console output is time-stamped line by line, so its wall time splits into Snakemake start-up
 (process start -> first job), the jobs (each job's start and "Finished" lines) and the gaps
@@ -69,7 +63,6 @@ TARGET = 1.15
 LABELS = {
     "A": "snakemake --cores 2 (all)",
     "B": "plain shell script",
-    "F": "snakemake, train thread fix",
 }
 
 
@@ -355,21 +348,8 @@ def check_outputs(work: Path, results: str, expect_steps: int) -> dict:
     }
 
 
-# The fix measured as side F: Snakemake exports MKL_NUM_THREADS=<threads> (2 for train) to every
-# job (snakemake/shell.py), and torch takes its intra-op thread count from MKL_NUM_THREADS over
-# OMP_NUM_THREADS, so each training rank runs 2 threads on 2 cores. F pins it to 1 like OMP.
-TRAIN_THREADS_LINE = "export OMP_NUM_THREADS=1\n"
-TRAIN_THREADS_FIX = "export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1\n"
-
-
-def run_a(base: Path, results: str, expect_steps: int, fix: bool = False) -> dict:
-    work = fresh_copy(base, "F" if fix else "A")
-    if fix:
-        rule = work / "workflow" / "rules" / "train.smk"
-        text = rule.read_text()
-        if text.count(TRAIN_THREADS_LINE) != 1:
-            raise SystemExit(f"cannot apply the thread fix to {rule}: line not found")
-        rule.write_text(text.replace(TRAIN_THREADS_LINE, TRAIN_THREADS_FIX))
+def run_a(base: Path, results: str, expect_steps: int) -> dict:
+    work = fresh_copy(base, "A")
     probe = scontrol_probe()
     wall, lines = run_stamped(["snakemake", "--cores", "2"], work, work / "console.log")
     out = check_outputs(work, results, expect_steps)
@@ -550,11 +530,6 @@ def main() -> None:
     ap.add_argument("--noop-reps", type=int, default=3)
     ap.add_argument("--noop-steps", type=int, default=100)
     ap.add_argument("--skip-noop", action="store_true")
-    ap.add_argument(
-        "--no-fix-variant",
-        action="store_true",
-        help="leave out side F (Snakemake with MKL_NUM_THREADS=1 exported in the train job)",
-    )
     ap.add_argument("--keep", action="store_true", help="keep the temporary folders")
     args = ap.parse_args()
 
@@ -567,7 +542,7 @@ def main() -> None:
     expect_steps = len(
         set(range(config["train"]["save_freq"], steps + 1, config["train"]["save_freq"])) | {steps}
     )
-    sides = "AB" if args.no_fix_variant else "ABF"
+    sides = "AB"
     base = Path(tempfile.mkdtemp(prefix="bench_pipeline_"))
     print(f"temporary folder {base}; load average {load_average()}", flush=True)
     try:
@@ -582,7 +557,7 @@ def main() -> None:
                     r = run_b(base, script, v["results"], expect_steps)
                     detail = f"train command {r['phases']['train']:.2f} s"
                 else:
-                    r = run_a(base, v["results"], expect_steps, fix=side == "F")
+                    r = run_a(base, v["results"], expect_steps)
                     ph = r["phases"]
                     detail = (
                         f"start-up {ph['startup']:.2f}, jobs busy {ph['busy']:.2f}, gaps "
@@ -624,12 +599,6 @@ def main() -> None:
             f"A/B = {ratio:.3f}  (per repetition {', '.join(f'{x:.2f}' for x in per_rep)})  "
             f"target <= {TARGET}: {'PASS' if ratio <= TARGET else 'MISS'}"
         )
-        if "F" in sides:
-            f_ratio = meds["F"] / meds["B"]
-            print(
-                f"F/B = {f_ratio:.3f}  (Snakemake with MKL_NUM_THREADS=1 in the train job)  "
-                f"target <= {TARGET}: {'PASS' if f_ratio <= TARGET else 'MISS'}"
-            )
 
         print("\nwhere the time goes (medians, s):")
         snake = [side for side in sides if side != "B"]
