@@ -30,22 +30,14 @@ for _p in (REPO, REPO / "tests"):
 
 import torch  # noqa: E402
 
+from lerobot_pipe.policies.act import ACT_TINY_PRESET  # noqa: E402 - after the thread settings
+
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # ACT sizes used across the benchmarks. "medium" is the trainer-overhead model: a step of batch 32
 # takes ~30-70 ms on one core of these machines.
 ACT_SIZES: dict[str, dict] = {
-    "small": dict(  # = ACT_TINY_PRESET (the embedded default run)
-        chunk_size=10,
-        n_action_steps=10,
-        dim_model=32,
-        n_heads=2,
-        dim_feedforward=64,
-        n_encoder_layers=2,
-        n_decoder_layers=1,
-        n_vae_encoder_layers=1,
-        latent_dim=8,
-    ),
+    "small": dict(ACT_TINY_PRESET),  # the tiny preset of the embedded default run
     "medium": dict(
         chunk_size=10,
         n_action_steps=10,
