@@ -70,8 +70,15 @@ start() {
     [ -f /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key
     chown munge:munge /etc/munge/munge.key
     chmod 400 /etc/munge/munge.key
-    runuser -u munge -- /usr/sbin/munged --pid-file=/run/munge/munged.pid
-    cp /run/munge/munged.pid "$state/munged.pid"
+    # A package install may have started daemons of its own (postinst scripts): reuse a running
+    # munged, replace SLURM daemons that would not read our configuration.
+    if ! munge -n >/dev/null 2>&1; then
+        runuser -u munge -- /usr/sbin/munged --pid-file=/run/munge/munged.pid
+        cp /run/munge/munged.pid "$state/munged.pid"
+    fi
+    pkill -x slurmctld 2>/dev/null || true
+    pkill -x slurmd 2>/dev/null || true
+    sleep 0.5
 
     /usr/sbin/slurmctld
     /usr/sbin/slurmd -N localhost
