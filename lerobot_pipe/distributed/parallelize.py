@@ -54,14 +54,15 @@ def select_wrap_units(
         )
     named = [(n, m) for n, m in model.named_modules() if n]
     if fsdp.min_num_params is not None:
-        units = []
-        for name, module in named:
-            if any(name.startswith(u + ".") for u, _ in units):
-                continue
-            if sum(p.numel() for p in module.parameters()) >= fsdp.min_num_params:
+        # Bottom-up, like FSDP1's size-based policy: a module becomes a unit when the parameters
+        # not already in a unit below it reach the threshold (the root is always the last unit).
+        units, covered = [], set()
+        for name, module in reversed(named):  # children before their parents
+            remaining = [p for p in module.parameters() if id(p) not in covered]
+            if sum(p.numel() for p in remaining) >= fsdp.min_num_params:
                 units.append((name, module))
-        # Keep only the innermost large modules so that no unit contains another.
-        units = [(n, m) for n, m in units if not any(o.startswith(n + ".") for o, _ in units)]
+                covered.update(id(p) for p in remaining)
+        units.reverse()
         if not units:
             raise ConfigError(
                 f"--accelerator.fsdp.min_num_params={fsdp.min_num_params}: no submodule has that "
@@ -90,29 +91,19 @@ def select_wrap_units(
 
 
 def check_shared_parameters(model: nn.Module, units: list[tuple[str, nn.Module]]) -> None:
-    """Fail before the first step when one parameter would belong to two FSDP units."""
-    owner: dict[int, str] = {}
-    for unit_name, unit in units:
-        for pname, p in unit.named_parameters():
-            key = id(p)
-            if key in owner and owner[key] != unit_name:
-                raise ConfigError(
-                    f"parameter {unit_name}.{pname} is shared (tied) with a parameter of unit "
-                    f"{owner[key]}; tied parameters must sit in one FSDP unit: choose wrap units "
-                    "that contain both (--accelerator.fsdp.wrap_modules) or untie them"
-                )
-            owner[key] = unit_name
+    """Fail before the first step when one parameter would be managed by two FSDP units (each
+    occurrence of a parameter belongs to the innermost unit above it, or to the root)."""
+    unit_names = [name for name, _ in units]
+    first_seen: dict[int, tuple[str, str]] = {}
     for full_name, p in model.named_parameters(remove_duplicate=False):
-        unit = next((u for u, _ in units if full_name.startswith(u + ".")), None)
-        key = id(p)
-        if key in owner and unit is not None and owner[key] != unit:
+        unit = max((u for u in unit_names if full_name.startswith(u + ".")), key=len, default="")
+        other_name, other_unit = first_seen.setdefault(id(p), (full_name, unit))
+        if other_unit != unit:
             raise ConfigError(
-                f"parameter {full_name} is shared (tied) across FSDP units {owner[key]} and {unit}"
-            )
-        if key in owner and unit is None:
-            raise ConfigError(
-                f"parameter {full_name} (outside any unit) is tied to a parameter of unit "
-                f"{owner[key]}; tied parameters must sit in one FSDP unit"
+                f"parameter {full_name} is shared (tied) with {other_name}, which sits in another "
+                f"FSDP unit ({other_unit or 'the root'}, not {unit or 'the root'}); tied parameters "
+                "must sit in one unit: choose wrap units that contain both "
+                "(--accelerator.fsdp.wrap_modules) or untie them"
             )
 
 
@@ -201,7 +192,8 @@ def apply_fsdp(
         "ignored_params": ignored or None,
     }
     unit_policy = mixed_precision_policy(accelerator)
-    for _, module in units:
+    # Nested units (min_num_params) are sharded innermost first, as FSDP2 requires.
+    for _, module in sorted(units, key=lambda unit: -unit[0].count(".")):
         fully_shard(module, mp_policy=unit_policy, **kwargs)
     # output_dtype on every unit would feed the next unit's LayerNorm fp32: set it on the root only.
     root_policy = MixedPrecisionPolicy(

@@ -102,3 +102,31 @@ def test_lerobot_06_sharded_layout_is_refused(dataset_root, tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert "LeRobot 0.6 sharded checkpoint" in err and "--policy.path" in err
+
+
+def test_min_num_params_picks_units_bottom_up():
+    """Like FSDP1's size-based policy: a module is a unit when the parameters not already in a
+    unit below it reach the threshold, so the layers' projections are units of their own."""
+    from lerobot_pipe.policies.act import ACTConfig, ACTPolicy
+
+    features = {
+        "observation.state": {"type": "STATE", "shape": [2]},
+        "observation.environment_state": {"type": "ENV", "shape": [2]},
+    }
+    policy = ACTPolicy(
+        ACTConfig.tiny(
+            input_features=features, output_features={"action": {"type": "ACTION", "shape": [2]}}
+        )
+    )
+    names = [n for n, _ in select_wrap_units(policy, FSDPConfig(min_num_params=2000), [])]
+    assert {
+        "model.encoder.layers.0.linear1",
+        "model.encoder.layers.1.linear2",
+        "model.decoder.layers.0.linear1",
+    } <= set(names)
+    modules = dict(policy.named_modules())
+    for name in names:
+        inner = [p for n in names if n.startswith(name + ".") for p in modules[n].parameters()]
+        own = sum(p.numel() for p in modules[name].parameters() if all(p is not q for q in inner))
+        assert own >= 2000, (name, own)
+    check_shared_parameters(policy, [(n, modules[n]) for n in names])  # nesting is not tying
