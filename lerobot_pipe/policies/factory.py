@@ -29,14 +29,9 @@ def get_policy_class(policy_type: str) -> type[PreTrainedPolicy]:
         ) from None
 
 
-def make_policy(cfg: PreTrainedConfig, dataset_features: dict | None = None) -> PreTrainedPolicy:
-    """Build the policy ``cfg`` describes.
-
-    Empty ``cfg.input_features`` / ``cfg.output_features`` are filled (in place) from
-    ``dataset_features``, a dataset's ``info["features"]``. With ``cfg.pretrained_path`` set
-    the weights are loaded from that folder (the policy then comes back in eval mode, like
-    LeRobot's); otherwise they are freshly initialized.
-    """
+def fill_features(cfg: PreTrainedConfig, dataset_features: dict | None) -> None:
+    """Fill empty ``cfg.input_features`` / ``cfg.output_features`` (in place) from a dataset's
+    ``info["features"]``, then validate them (ValueError)."""
     if not cfg.input_features or not cfg.output_features:
         if dataset_features is None:
             raise ValueError(
@@ -49,6 +44,17 @@ def make_policy(cfg: PreTrainedConfig, dataset_features: dict | None = None) -> 
         if not cfg.input_features:
             cfg.input_features = {k: ft for k, ft in features.items() if ft["type"] != "ACTION"}
     cfg.validate_features()
+
+
+def make_policy(cfg: PreTrainedConfig, dataset_features: dict | None = None) -> PreTrainedPolicy:
+    """Build the policy ``cfg`` describes.
+
+    Empty ``cfg.input_features`` / ``cfg.output_features`` are filled (in place) from
+    ``dataset_features``, a dataset's ``info["features"]``. With ``cfg.pretrained_path`` set
+    the weights are loaded from that folder (the policy then comes back in eval mode, like
+    LeRobot's); otherwise they are freshly initialized.
+    """
+    fill_features(cfg, dataset_features)
     policy_cls = get_policy_class(cfg.type)
     if cfg.pretrained_path:
         return policy_cls.from_pretrained(cfg.pretrained_path, config=cfg)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -18,24 +19,17 @@ from torch import nn
 from lerobot_pipe import constants as C
 from lerobot_pipe.policies.pretrained import PreTrainedConfig, PreTrainedPolicy
 
+if TYPE_CHECKING:
+    from lerobot_pipe.configs.train import PeftConfig
 
-def apply_peft(
-    policy: PreTrainedPolicy,
-    method_type: str,
-    *,
-    r: int,
-    lora_alpha: int | None,
-    lora_dropout: float,
-    target_modules: list[str] | None,
-    full_training_modules: list[str] | None,
-    base_path: str | None,
-) -> nn.Module:
+
+def apply_peft(policy: PreTrainedPolicy, peft_cfg: PeftConfig, base_path: str | None) -> nn.Module:
     """Freeze ``policy`` and add LoRA adapters; returns the PeftModel to train."""
     from peft import LoraConfig, get_peft_model
 
-    if method_type != "LORA":
-        raise ValueError(f"--peft.method_type={method_type!r}: only LORA is supported")
-    targets = target_modules or list(type(policy)._peft_target_modules)
+    if peft_cfg.method_type != "LORA":
+        raise ValueError(f"--peft.method_type={peft_cfg.method_type!r}: only LORA is supported")
+    targets = peft_cfg.target_modules or list(type(policy)._peft_target_modules)
     present = {name.rsplit(".", 1)[-1] for name, _ in policy.named_modules()}
     missing = [t for t in targets if t not in present]
     if missing:
@@ -44,11 +38,11 @@ def apply_peft(
             f"{policy.name} policy; e.g. {', '.join(sorted(present - {''})[:12])}"
         )
     config = LoraConfig(
-        r=r,
-        lora_alpha=lora_alpha if lora_alpha is not None else r,
-        lora_dropout=lora_dropout,
+        r=peft_cfg.r,
+        lora_alpha=peft_cfg.lora_alpha if peft_cfg.lora_alpha is not None else peft_cfg.r,
+        lora_dropout=peft_cfg.lora_dropout,
         target_modules=targets,
-        modules_to_save=full_training_modules,
+        modules_to_save=peft_cfg.full_training_modules,
         base_model_name_or_path=base_path,
     )
     # get_peft_model records the base path from the model's name_or_path (transformers' attribute).

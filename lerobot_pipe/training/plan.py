@@ -313,11 +313,7 @@ def make_plan(
     dataset = LeRobotDataset(
         dataset_root, delta_timestamps=delta_timestamps, episodes=cfg.dataset.episodes
     )
-    _fill_policy_features(cfg.policy, dataset)
-    if dims.is_sharded:
-        check_sharding_plan(cfg)
-    elif cfg.peft.method_type is not None:
-        check_peft_targets(cfg)
+    check_policy_plan(cfg, dims, dataset)
     if len(dataset) < cfg.batch_size * dims.dp_world_size:
         log.warning(
             "the dataset has %d frames, fewer than one global batch (%d); samples repeat within a step",
@@ -351,38 +347,10 @@ def _dataset_fps(root: Path) -> int:
     return fps
 
 
-def _fill_policy_features(policy_cfg: PreTrainedConfig, dataset: LeRobotDataset) -> None:
-    from lerobot_pipe.policies.pretrained import dataset_to_policy_features
-
-    features = dataset_to_policy_features(dataset.features)
-    if not policy_cfg.output_features:
-        policy_cfg.output_features = {k: v for k, v in features.items() if v["type"] == "ACTION"}
-    if not policy_cfg.input_features:
-        policy_cfg.input_features = {k: v for k, v in features.items() if v["type"] != "ACTION"}
-    try:
-        policy_cfg.validate_features()
-    except ValueError as e:
-        raise ConfigError(
-            f"policy {policy_cfg.type!r} cannot train on {dataset.root}: {e}"
-        ) from None
-
-
-def check_peft_targets(cfg: TrainConfig) -> None:
-    import torch
-
-    from lerobot_pipe.policies.factory import get_policy_class
-    from lerobot_pipe.training.train import apply_peft_from_config
-
-    with torch.device("meta"):
-        try:
-            apply_peft_from_config(get_policy_class(cfg.policy.type)(cfg.policy), cfg)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-
-
-def check_sharding_plan(cfg: TrainConfig) -> None:
-    """Resolve wrap units, tied parameters and ignored modules on a meta-device copy of the
-    policy, so that a bad sharding setup fails before any process group starts."""
+def check_policy_plan(cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotDataset) -> None:
+    """Fill the policy's features from the dataset and build the policy on the meta device with
+    its PEFT wrapper and wrap units, so that anything wrong with them (features, LoRA targets,
+    wrap classes, tied parameters, ignored modules, precision policy) fails before launch."""
     import torch
 
     from lerobot_pipe.distributed.parallelize import (
@@ -391,19 +359,25 @@ def check_sharding_plan(cfg: TrainConfig) -> None:
         mixed_precision_policy,
         select_wrap_units,
     )
-    from lerobot_pipe.policies.factory import get_policy_class
+    from lerobot_pipe.policies.factory import fill_features, get_policy_class
+    from lerobot_pipe.policies.peft import apply_peft
 
+    try:
+        fill_features(cfg.policy, dataset.features)
+    except ValueError as e:
+        raise ConfigError(
+            f"policy {cfg.policy.type!r} cannot train on {dataset.root}: {e}"
+        ) from None
     policy_cls = get_policy_class(cfg.policy.type)
     with torch.device("meta"):
         model = policy_cls(cfg.policy)
         if cfg.peft.method_type is not None:
-            from lerobot_pipe.training.train import apply_peft_from_config
-
             try:
-                model = apply_peft_from_config(model, cfg)
+                model = apply_peft(model, cfg.peft, cfg.policy.pretrained_path)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-    units = select_wrap_units(model, cfg.accelerator.fsdp, policy_cls._fsdp_wrap_modules)
-    check_shared_parameters(model, units)
-    ignored_parameters(model, cfg.accelerator.fsdp.ignored_modules)
-    mixed_precision_policy(cfg.accelerator)
+    if dims.is_sharded:
+        units = select_wrap_units(model, cfg.accelerator.fsdp, policy_cls._fsdp_wrap_modules)
+        check_shared_parameters(model, units)
+        ignored_parameters(model, cfg.accelerator.fsdp.ignored_modules)
+        mixed_precision_policy(cfg.accelerator)

@@ -59,20 +59,6 @@ from lerobot_pipe.training.plan import TrainingPlan
 log = logging.getLogger("lerobot_pipe.train")
 
 
-def apply_peft_from_config(policy: PreTrainedPolicy, cfg) -> nn.Module:
-    p = cfg.peft
-    return apply_peft(
-        policy,
-        p.method_type,
-        r=p.r,
-        lora_alpha=p.lora_alpha,
-        lora_dropout=p.lora_dropout,
-        target_modules=p.target_modules,
-        full_training_modules=p.full_training_modules,
-        base_path=cfg.policy.pretrained_path,
-    )
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -268,7 +254,7 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     trainee: nn.Module = policy
     adapter_keys = None
     if cfg.peft.method_type is not None:
-        trainee = apply_peft_from_config(policy, cfg)
+        trainee = apply_peft(policy, cfg.peft, cfg.policy.pretrained_path)
         adapter_keys = adapter_key_map(trainee)
     n_params = sum(p.numel() for p in trainee.parameters())
     n_trainable = sum(p.numel() for p in trainee.parameters() if p.requires_grad)
