@@ -44,6 +44,14 @@ def _child(
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
+def launcher_env(**extra: str) -> dict[str, str]:
+    """This environment without any launcher or accelerate variables, for starting a real
+    launcher (torchrun, accelerate launch) from a test."""
+    launcher = ("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher)}
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
 def run_distributed(
     fn: Callable, world_size: int, *args: Any, env: dict | None = None, timeout: float = 240
 ) -> list[Any]:

@@ -172,15 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    from lerobot_pipe.hub.publish import PublishError
     from lerobot_pipe.training.plan import USER_ERRORS
 
-    errors: tuple[type[BaseException], ...] = (*USER_ERRORS, ValueError, FileNotFoundError)
-    try:
-        from lerobot_pipe.hub.publish import PublishError
-
-        errors = (*errors, PublishError)
-    except ImportError:
-        pass
+    errors = (*USER_ERRORS, PublishError, ValueError, FileNotFoundError)
     try:
         return COMMANDS[argv[0]](argv[1:])
     except errors as e:

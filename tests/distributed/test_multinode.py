@@ -3,30 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 
 import pytest
-from launch import free_port
+from launch import free_port, launcher_env
 from tiny import tiny_act_flags
 
 pytestmark = pytest.mark.slow
 
 
-def _env():
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))
-    }
-    return {**env, "OMP_NUM_THREADS": "1"}
-
-
 def _run_nodes(commands, out):
     procs = [
         subprocess.Popen(
-            cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         for cmd in commands
     ]

@@ -8,20 +8,11 @@ import shutil
 import subprocess
 
 import pytest
-from launch import free_port
+from launch import free_port, launcher_env
 from tiny import tiny_act_flags
 
 pytestmark = pytest.mark.slow
 BIN = os.path.dirname(shutil.which("lerobot-train") or "")
-
-
-def _env(**extra):
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))
-    }
-    return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
 def _flags(dataset_root, out):
@@ -47,7 +38,7 @@ def test_torchrun_two_processes(dataset_root, tmp_path):
             shutil.which("lerobot-train"),
             *_flags(dataset_root, out),
         ],
-        env=_env(),
+        env=launcher_env(),
         capture_output=True,
         text=True,
         timeout=180,
@@ -69,7 +60,7 @@ def _accelerate(dataset_root, out, **env):
             shutil.which("lerobot-train"),
             *_flags(dataset_root, out),
         ],
-        env=_env(**env),
+        env=launcher_env(**env),
         capture_output=True,
         text=True,
         timeout=180,
