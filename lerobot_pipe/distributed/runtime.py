@@ -70,15 +70,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Send a small picklable object from ``src`` to every rank (in-memory, never from disk)."""
-    if not dist.is_initialized():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
 def gather_objects(obj: Any) -> list[Any] | None:
     """Every rank's ``obj`` on rank 0 (None elsewhere)."""
     if not dist.is_initialized():
