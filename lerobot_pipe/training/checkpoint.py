@@ -53,6 +53,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.distributed.runtime import barrier, gather_objects
+from lerobot_pipe.fsutil import fsync_path
 from lerobot_pipe.training.faults import fault_point
 
 log = logging.getLogger(__name__)
@@ -162,31 +163,18 @@ def step_dir_from_path(path: str | Path) -> Path:
 # --------------------------------------------------------------------------- file writing helpers
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=4) + "\n")
-    _fsync_file(tmp)
+    fsync_path(tmp)
     os.replace(tmp, path)
 
 
 def _fsync_tree(root: Path) -> None:
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
-            _fsync_file(Path(dirpath) / name)
-        _fsync_dir(Path(dirpath))
+            fsync_path(Path(dirpath) / name)
+        fsync_path(Path(dirpath))
 
 
 # --------------------------------------------------------------------------- state flattening
@@ -375,7 +363,7 @@ def save_checkpoint(
         write_json_atomic(
             training_state / C.TRAINING_STEP, {**training_step, "files": file_manifest(tmp)}
         )
-        _fsync_dir(training_state)
+        fsync_path(training_state)
         fault_point("save:before_rename")
         _publish_step_folder(tmp, final)
         fault_point("save:before_last_link")
@@ -414,7 +402,7 @@ def _publish_step_folder(tmp: Path, final: Path) -> None:
         if _exchange_paths(tmp, final):
             fault_point("save:after_exchange")
             shutil.rmtree(tmp, ignore_errors=True)  # now the old copy
-            _fsync_dir(final.parent)
+            fsync_path(final.parent)
             return
         # No atomic exchange here: move the old one aside; remove_stale_temporaries puts it back
         # if the process dies before the new one is in place.
@@ -426,7 +414,7 @@ def _publish_step_folder(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_path(final.parent)
 
 
 def update_last_link(ckpt_root: Path, name: str) -> None:
@@ -436,7 +424,7 @@ def update_last_link(ckpt_root: Path, name: str) -> None:
     os.symlink(name, tmp_link)
     fault_point("save:during_last_link")
     os.replace(tmp_link, link)
-    _fsync_dir(ckpt_root)
+    fsync_path(ckpt_root)
 
 
 # --------------------------------------------------------------------------- load
