@@ -7,6 +7,9 @@
 Writes ``model.safetensors`` (``adapter_model.safetensors`` for a PEFT run) next to the DCP folder
 ``pytorch_model_fsdp_0/``, or a complete pretrained-model folder into ``--output_dir``. No GPU and
 no process group are needed; only the model's DCP folder is read. Running it again is a no-op.
+The output appears atomically (temporary file + rename); it is fsynced only with --delete_dcp,
+before the shards go (otherwise the shards stay the source, and a file damaged by a power cut is
+found and rewritten by the next run).
 
 SECURITY: DCP's ``.metadata`` is a Python pickle (loading it can run code), so --checkpoint_dir
 must be a LOCAL folder written by your own run. URLs and Hub repo ids are refused.
@@ -71,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const=True,
         default=False,
-        help="delete pytorch_model_fsdp_0/ after the written file was read back and compared "
-        "tensor by tensor with the shards (default: false)",
+        help="delete pytorch_model_fsdp_0/ after the written file was read back, compared "
+        "tensor by tensor with the shards and fsynced (default: false)",
     )
     parser.add_argument(
         "--push_to_hub",

@@ -120,7 +120,7 @@ def test_load_dcp_state_dict_matches_reference(dcp_step):
 
 def test_generic_path_gives_the_same_file(dcp_step, monkeypatch, caplog):
     step, reference = dcp_step
-    monkeypatch.setattr(mod, "_plan_direct", lambda *a, **k: None)
+    monkeypatch.setattr(mod, "_direct_layout", lambda *a, **k: None)
     caplog.set_level("INFO")
     out = convert_checkpoint(step)
     assert "generic DCP loader" in caplog.text
@@ -208,9 +208,9 @@ def test_delete_dcp_keeps_shards_when_the_written_file_differs(dcp_step, monkeyp
     step, _ = dcp_step
     real = mod._write_direct
 
-    def buggy(dcp_dir, header, copies, total, out_fd):
-        real(dcp_dir, header, copies, total, out_fd)
-        os.pwrite(out_fd, b"\x00\x00\x80\x7f", total - 4)  # last float -> inf
+    def buggy(dcp_dir, layout, out_fd, **kwargs):
+        real(dcp_dir, layout, out_fd, **kwargs)
+        os.pwrite(out_fd, b"\x00\x00\x80\x7f", layout.total - 4)  # last float -> inf
 
     monkeypatch.setattr(mod, "_write_direct", buggy)
     before = _snapshot(_dcp(step))
@@ -272,7 +272,7 @@ def test_corrupt_dcp_fails_and_keeps_everything(dcp_step, where):
 
 def test_generic_path_detects_a_bit_flip(dcp_step, monkeypatch):
     step, _ = dcp_step
-    monkeypatch.setattr(mod, "_plan_direct", lambda *a, **k: None)
+    monkeypatch.setattr(mod, "_direct_layout", lambda *a, **k: None)
     path, start, length = _data_member_span(_dcp(step), "in_proj_weight")
     _flip_byte(path, start + length - 1)
     with pytest.raises(ConversionError, match=f"{path.name} is corrupt: CRC mismatch"):
@@ -332,7 +332,7 @@ def test_write_failure_leaves_no_temp_file(dcp_step, monkeypatch):
     def no_space(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(mod, "_copy_range", no_space)
+    monkeypatch.setattr(mod, "_copy_batch", no_space)
     with pytest.raises(ConversionError, match="cannot write .*No space left"):
         convert_checkpoint(step)
     assert sorted(p.name for p in _pretrained(step).iterdir() if p.name.startswith(".")) == []
@@ -412,7 +412,8 @@ def test_zip_reader_agrees_with_zipfile(dcp_step):
     for r in records:
         fd = os.open(dcp_dir / r.relative_path, os.O_RDONLY)
         try:
-            members = mod._zip_members(mod._RecordBytes(fd, r), r.length)
+            with mod._map_readonly(fd) as mm:
+                members = mod._zip_members(mod._RecordBytes(mm, r), r.length)
             with zipfile.ZipFile(mod._FileSlice(fd, r.offset, r.length)) as zf:
                 infos = zf.infolist()
         finally:

@@ -115,7 +115,7 @@ def test_convert_peft_with_shared_sources(tmp_path, tiny_policy_cls, monkeypatch
     _save_single_process_dcp(model.state_dict(), pretrained / C.MODEL_DCP_DIR)
     config.save_pretrained(str(pretrained))
     if generic:
-        monkeypatch.setattr(mod, "_plan_direct", lambda *a, **k: None)
+        monkeypatch.setattr(mod, "_direct_layout", lambda *a, **k: None)
     caplog.set_level("INFO")
     out = convert_checkpoint(tmp_path, delete_dcp=True)
     assert ("generic DCP loader" in caplog.text) == generic
@@ -142,7 +142,7 @@ def test_convert_mixed_dtypes(tmp_path, monkeypatch, caplog, generic):
     }
     _save_single_process_dcp(state, tmp_path / C.MODEL_DCP_DIR)
     if generic:
-        monkeypatch.setattr(mod, "_plan_direct", lambda *a, **k: None)
+        monkeypatch.setattr(mod, "_direct_layout", lambda *a, **k: None)
     caplog.set_level("INFO")
     out = convert_checkpoint(tmp_path, delete_dcp=True)
     assert ("generic DCP loader" in caplog.text) == generic
