@@ -213,8 +213,7 @@ def read_dcp_metadata(dcp_dir: str | os.PathLike[str]):
     return metadata
 
 
-@dataclass(frozen=True)
-class _Record:
+class _Record(NamedTuple):
     """One stored chunk of one tensor: a ``torch.save`` blob inside a ``.distcp`` file."""
 
     fqn: str
@@ -699,7 +698,7 @@ class _Template:
     is left to check.
     """
 
-    segments: tuple[tuple[int, bytes], ...]  # (offset in the record, expected bytes)
+    segments: tuple[tuple[int, int, bytes], ...]  # (start, end in the record, expected bytes)
     data_start: int
     data_size: int
     data_crc_field: int  # offset of the data member's CRC in its central-directory entry
@@ -718,25 +717,25 @@ class _Template:
                 varying.append((starts[m.name], m.size))
                 ids.append((starts[m.name], m.size, m.cd_entry + 16))
         segments, pos = [], 0
-        for start, size in sorted(varying):
+        for start, size in [*sorted(varying), (length, 0)]:
             if start > pos:
-                segments.append((pos, read(pos, start - pos)))
+                segments.append((pos, start, read(pos, start - pos)))
             pos = max(pos, start + size)
-        if pos < length:
-            segments.append((pos, read(pos, length - pos)))
         return _Template(
             tuple(segments), starts[data.name], data.size, data.cd_entry + 16, tuple(ids)
         )
 
-    def match(self, read) -> int | None:
-        """The data CRC-32 of a record of this structure, or None when it is not one."""
-        for start, expected in self.segments:
-            if read(start, len(expected)) != expected:
+    def match(self, mm: mmap.mmap, offset: int) -> int | None:
+        """The data CRC-32 of the record at ``offset`` of ``mm`` if it has this structure, else
+        None. (Hot: runs once per record; the record's length was checked by the caller.)"""
+        for start, end, expected in self.segments:
+            if mm[offset + start : offset + end] != expected:
                 return None
         for start, size, cd_crc in self.ids:
-            if _crc32(read(start, size)) != _U32_LE.unpack(read(cd_crc, 4))[0]:
+            crc = _U32_LE.unpack_from(mm, offset + cd_crc)[0]
+            if _crc32(mm[offset + start : offset + start + size]) != crc:
                 return None
-        return _U32_LE.unpack(read(self.data_crc_field, 4))[0]
+        return _U32_LE.unpack_from(mm, offset + self.data_crc_field)[0]
 
 
 @dataclass
@@ -766,13 +765,13 @@ def _inspect_record(
     """
     if record.transformed:
         return None
-    read = _RecordBytes(mm, record)
     template_key = (record.length, dtype, record.chunk_sizes)
     template = cache.templates.get(template_key)
-    if template is not None:
-        crc = template.match(read)
+    if template is not None and record.offset + record.length <= len(mm):
+        crc = template.match(mm, record.offset)
         if crc is not None:
             return record.offset + template.data_start, template.data_size, crc
+    read = _RecordBytes(mm, record)
     members = _zip_members(read, record.length)
     if not members:
         return None
