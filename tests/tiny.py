@@ -37,6 +37,26 @@ def run_train(argv: list[str]):
     return str(out) if out else None
 
 
+def train_fsdp2_dcp(dataset_root: str | Path, output_dir: Path) -> Path:
+    """A real 2-rank FSDP2 run of the tiny ACT, 2 steps, one DCP checkpoint (step 2)."""
+    from launch import run_distributed
+
+    flags = tiny_act_flags(
+        **{"dataset.root": dataset_root, "steps": 2, "save_freq": 2, "batch_size": 4}
+    )
+    run_distributed(
+        run_train,
+        2,
+        [
+            *flags,
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=dcp",
+            f"--output_dir={output_dir}",
+        ],
+    )
+    return output_dir
+
+
 def losses(output_dir: str | Path) -> dict[int, float]:
     lines = (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
     return {rec["step"]: rec["loss"] for rec in map(json.loads, lines)}

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch import run_distributed
-from tiny import run_train, tiny_act_flags
+from tiny import run_train, tiny_act_flags, train_fsdp2_dcp
 from torch import nn
 
 from lerobot_pipe.configs.parser import ConfigError
@@ -41,16 +40,7 @@ def test_tied_parameters_across_units_fail_before_the_first_step():
 
 @pytest.fixture(scope="module")
 def fsdp_run(dataset_root, tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp") / "out"
-    flags = tiny_act_flags(
-        **{"dataset.root": dataset_root, "steps": 2, "save_freq": 2, "batch_size": 4}
-    )
-    run_distributed(
-        run_train,
-        2,
-        [*flags, "--parallelism.dp_shard=2", "--checkpoint_format=dcp", f"--output_dir={out}"],
-    )
-    return out
+    return train_fsdp2_dcp(dataset_root, tmp_path_factory.mktemp("fsdp") / "out")
 
 
 def test_sharded_resume_on_one_process_needs_dp_shard_1(fsdp_run, capsys):

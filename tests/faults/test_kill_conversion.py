@@ -10,9 +10,8 @@ import sys
 
 import pytest
 import torch
-from launch import run_distributed
 from safetensors.torch import load_file
-from tiny import run_train, tiny_act_flags
+from tiny import train_fsdp2_dcp
 
 from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
 from lerobot_pipe.training.checkpoint import validate_checkpoint_layout
@@ -22,16 +21,7 @@ POINTS = ["convert:before_replace", "convert:after_replace", "convert:during_del
 
 @pytest.fixture(scope="module")
 def sharded_run(dataset_root, tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "out"
-    flags = tiny_act_flags(
-        **{"dataset.root": dataset_root, "steps": 2, "save_freq": 2, "batch_size": 4}
-    )
-    run_distributed(
-        run_train,
-        2,
-        [*flags, "--parallelism.dp_shard=2", "--checkpoint_format=dcp", f"--output_dir={out}"],
-    )
-    return out
+    return train_fsdp2_dcp(dataset_root, tmp_path_factory.mktemp("run") / "out")
 
 
 def _convert(step, fault=None):
