@@ -71,16 +71,6 @@ try:  # ISA-L's CRC-32 (carry-less multiply): ~13 GB/s against zlib 1.2's ~2 GB/
 except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
     from zlib import crc32 as _crc32
 
-__all__ = [
-    "ConversionError",
-    "adapter_key_map",
-    "convert_checkpoint",
-    "find_pretrained_dir",
-    "load_dcp_state_dict",
-    "read_dcp_metadata",
-    "verify_against_dcp",
-]
-
 DCP_METADATA_FILE = ".metadata"
 SAFETENSORS_METADATA = {"format": "pt"}
 # Files of the source folder that are never copied into --output_dir.
