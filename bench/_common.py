@@ -36,42 +36,25 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # ACT sizes used across the benchmarks. "medium" is the trainer-overhead model: a step of batch 32
 # takes ~30-70 ms on one core of these machines.
+_ACT_COMMON = dict(chunk_size=10, n_action_steps=10, n_heads=8, n_decoder_layers=1, latent_dim=32)
+
+
+def _act(dim_model: int, dim_feedforward: int, n_encoder_layers: int, n_vae_encoder_layers: int):
+    return dict(
+        _ACT_COMMON,
+        dim_model=dim_model,
+        dim_feedforward=dim_feedforward,
+        n_encoder_layers=n_encoder_layers,
+        n_vae_encoder_layers=n_vae_encoder_layers,
+    )
+
+
 ACT_SIZES: dict[str, dict] = {
     "small": dict(ACT_TINY_PRESET),  # the tiny preset of the embedded default run
-    "medium": dict(
-        chunk_size=10,
-        n_action_steps=10,
-        dim_model=128,
-        n_heads=8,
-        dim_feedforward=512,
-        n_encoder_layers=2,
-        n_decoder_layers=1,
-        n_vae_encoder_layers=1,
-        latent_dim=32,
-    ),
-    "large": dict(
-        chunk_size=10,
-        n_action_steps=10,
-        dim_model=256,
-        n_heads=8,
-        dim_feedforward=1024,
-        n_encoder_layers=4,
-        n_decoder_layers=1,
-        n_vae_encoder_layers=2,
-        latent_dim=32,
-    ),
+    "medium": _act(128, 512, 2, 1),
+    "large": _act(256, 1024, 4, 2),
     # ~26.9 M parameters (~108 MB fp32): the FSDP memory / checkpoint model.
-    "100mb": dict(
-        chunk_size=10,
-        n_action_steps=10,
-        dim_model=512,
-        n_heads=8,
-        dim_feedforward=3200,
-        n_encoder_layers=3,
-        n_decoder_layers=1,
-        n_vae_encoder_layers=2,
-        latent_dim=32,
-    ),
+    "100mb": _act(512, 3200, 3, 2),
 }
 
 
