@@ -50,10 +50,6 @@ def apply_peft(policy: PreTrainedPolicy, peft_cfg: PeftConfig, base_path: str | 
     return get_peft_model(policy, config)
 
 
-def is_peft_model(model: nn.Module) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
-
-
 def adapter_key_map(model: nn.Module) -> dict[str, str]:
     """peft file key -> model state-dict key, for every adapter / full-training tensor.
     Call it on the unwrapped PeftModel (before DDP adds its ``module.`` prefix)."""
