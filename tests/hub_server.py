@@ -31,9 +31,9 @@ JSON document (``<root>/repos/<type>/<ns>/<name>.json``) holding its commits as 
 existing ``root`` reloads its repos.
 
 Test helpers: ``inject_fault`` (the next N requests matching a path regex answer an error status, or
-drop the connection), ``requests`` (log of method/path/status/headers), and direct inspection
-(``commit_count``, ``list_files``, ``read_file``, ``tags``...) or seeding (``commit_files``) of repos
-without HTTP.
+drop the connection, optionally after carrying the request out), ``requests`` (log of
+method/path/status/headers), and direct inspection (``commit_count``, ``list_files``,
+``read_file``, ``tags``...) or seeding (``commit_files``) of repos without HTTP.
 
 Run tests with the client on plain LFS: ``HF_HUB_DISABLE_XET=1`` (or patch
 ``huggingface_hub.constants.HF_HUB_DISABLE_XET = True``; ``tests/conftest_hub.py`` does this).
@@ -42,6 +42,7 @@ Run tests with the client on plain LFS: ``HF_HUB_DISABLE_XET=1`` (or patch
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -131,6 +132,7 @@ class _Fault:
     status: int
     headers: dict[str, str]
     body: Any
+    after: bool
 
 
 @dataclass
@@ -284,10 +286,12 @@ class HubServer:
         method: str | None = None,
         headers: Mapping[str, str] | None = None,
         body: Any = None,
+        after: bool = False,
     ) -> None:
         """Make the next ``times`` requests whose path matches ``pattern`` (``re.search`` on the URL
         path, before percent-decoding) answer ``status`` with a JSON error body (or ``body``).
         ``status=0`` closes the connection without answering (a connection error for the client).
+        ``after=True`` carries the request out first (an answer lost on its way back).
         """
         with self._lock:
             self._faults.append(
@@ -298,6 +302,7 @@ class HubServer:
                     status=status,
                     headers=dict(headers or {}),
                     body=body,
+                    after=after,
                 )
             )
 
@@ -1193,7 +1198,11 @@ class _Handler(BaseHTTPRequestHandler):
         status = 500
         try:
             body = self._read_body()
+            query = parse_qs(split.query, keep_blank_values=True)
             fault = hub._take_fault(method, split.path)
+            if fault is not None and fault.after:
+                with contextlib.suppress(HubError):
+                    hub.handle(method, split.path, query, headers, body)
             if fault is not None and fault.status == 0:
                 status = 0
                 self.close_connection = True
@@ -1207,7 +1216,6 @@ class _Handler(BaseHTTPRequestHandler):
                 )
                 self._send(status, dict(fault.headers), None, payload)
                 return
-            query = parse_qs(split.query, keep_blank_values=True)
             try:
                 status, out_headers, raw, payload = hub.handle(
                     method, split.path, query, headers, body
