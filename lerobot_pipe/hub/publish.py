@@ -1,44 +1,56 @@
 """Publish trained policies (and dataset folders) to the Hugging Face Hub.
 
 ``publish_folder`` creates the repo (``exist_ok``) and commits the allow-listed files of a folder
-(``ALLOW_PATTERNS``; never DCP shards, ``training_state/`` or optimizer state) in ONE commit,
-optionally with a model card as the root ``README.md``, then optionally tags that commit.
+(``ALLOW_PATTERNS``; never DCP shards, ``training_state/`` or optimizer state) in ONE
+``HfApi.create_commit``, optionally with a model card as the root ``README.md``, then optionally
+tags that commit. ``publish_checkpoint`` does this for a checkpoint's ``pretrained_model/``.
 
-* Idempotent: before committing, every local file is compared with the remote tree at the current
-  head (git blob sha1 for regular files, sha256 for LFS files, via ``get_paths_info``); when all
-  match no commit is made and the receipt reports ``created_commit=False`` with the head commit.
-  Only changed files are sent. Remote files that no longer exist locally are left in place.
-* Retries: each remote step (create repo; diff + commit; tag) is retried on transient failures
-  (HTTP 408/429/5xx, connection errors, timeouts) with exponential backoff
-  (``backoff_s * 2**attempt``, at most 60 s, or the server's ``Retry-After``), logging each retry
-  with ``logging.warning``. Permanent failures (401/403/404/400/...) raise ``PublishError`` at once
-  with what to do. A retried commit re-diffs first, so a commit whose answer was lost is not
-  duplicated.
+What huggingface_hub (2.x) does, and this module relies on:
+
+* Idempotence: ``create_commit`` asks the Hub for the oid of every file it is given (preupload)
+  and leaves out the unchanged ones; when none is left it sends no commit and returns the head.
+  Remote files that no longer exist locally are left in place.
+* Retries of the preupload and of LFS transfers (``http_backoff``: HTTP 408/429/5xx, timeouts and
+  network errors, 5 retries 1-8 s apart).
+
+What it adds:
+
+* Bounded retries of the requests huggingface_hub sends only once (create repo, head lookup, the
+  commit request itself, tags): at most ``max_retries``, ``backoff_s * 2**i`` s apart (at most
+  60 s, or the server's ``Retry-After``), each logged with ``logging.warning``. A retried commit
+  whose first answer was lost is not duplicated: ``create_commit`` finds the files already there.
+  The final error says how many attempts were made over how long.
+* Errors that say what to do (``PublishError``): 401 (``HF_TOKEN`` / ``hf auth login``), 403, 404,
+  and no network (the cause, e.g. name resolution or connection refused, and the host).
 * Tags: an existing tag on the published commit is fine; an existing tag on another commit is fine
-  too when that commit holds identical published files (re-publishing an old checkpoint); otherwise
+  too when that commit holds the same published files (re-publishing an old checkpoint); otherwise
   ``PublishError`` unless ``move_tag=True``, which moves the tag to the new commit.
 * Token: ``token`` argument, else huggingface_hub's usual sources (``HF_TOKEN``, stored login).
   It is never written to files, logs, receipts or model cards, and is redacted from error
   messages. Text files that contain it are refused.
-* The endpoint is per call (``endpoint=``), default huggingface_hub's (``HF_ENDPOINT``).
-* Local files are only read.
+
+The endpoint is per call (``endpoint=``), default huggingface_hub's (``HF_ENDPOINT``). Local files
+are only read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
-import hashlib
-import json
 import logging
 import os
 import pickle
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import httpx2
+from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, RepoFile, get_token
+from huggingface_hub.errors import HfHubHTTPError
 
 from lerobot_pipe import __version__
 from lerobot_pipe import constants as C
@@ -73,6 +85,10 @@ _HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{16,}")
 _REPO_TYPES = ("model", "dataset", "space")
 _MAX_BACKOFF_S = 60.0
 _PATHS_INFO_BATCH = 200
+# What huggingface_hub's http_backoff treats as transient (huggingface_hub/utils/_http.py); used
+# for the requests it sends only once.
+_TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_NETWORK_ERRORS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
 
 
 class PublishError(RuntimeError):
@@ -93,15 +109,6 @@ class PublishReceipt:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the receipt as JSON (atomically) and return the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
-        tmp.replace(path)
-        return path
 
 
 # ---------------------------------------------------------------------------- validation
@@ -155,49 +162,6 @@ def _validate_tag(tag: str) -> str:
 
 
 # ---------------------------------------------------------------------------- local files
-@dataclass
-class _LocalFile:
-    repo_path: str
-    path: Path | None = None
-    data: bytes | None = None
-    _sha256: str | None = None
-    _sha1: str | None = None
-
-    @property
-    def size(self) -> int:
-        return len(self.data) if self.data is not None else self.path.stat().st_size  # type: ignore[union-attr]
-
-    def _chunks(self) -> Iterator[bytes]:
-        if self.data is not None:
-            yield self.data
-            return
-        with open(self.path, "rb") as fh:  # type: ignore[arg-type]
-            while chunk := fh.read(1 << 20):
-                yield chunk
-
-    def sha256(self) -> str:
-        if self._sha256 is None:
-            h = hashlib.sha256()
-            for chunk in self._chunks():
-                h.update(chunk)
-            self._sha256 = h.hexdigest()
-        return self._sha256
-
-    def git_sha1(self) -> str:
-        if self._sha1 is None:
-            h = hashlib.sha1(b"blob %d\0" % self.size)
-            for chunk in self._chunks():
-                h.update(chunk)
-            self._sha1 = h.hexdigest()
-        return self._sha1
-
-    def operation(self) -> Any:
-        from huggingface_hub import CommitOperationAdd
-
-        source = self.data if self.data is not None else str(self.path)
-        return CommitOperationAdd(path_in_repo=self.repo_path, path_or_fileobj=source)
-
-
 def _is_publishable(rel_parts: tuple[str, ...], allow_patterns: list[str]) -> bool:
     name = rel_parts[-1]
     if any(p.startswith(".") for p in rel_parts) or any(p in DENY_DIRS for p in rel_parts[:-1]):
@@ -236,8 +200,6 @@ def collect_publish_files(
 def _known_secrets(token: str | None) -> list[str]:
     found = [token, os.environ.get("HF_TOKEN"), os.environ.get("HUGGING_FACE_HUB_TOKEN")]
     with contextlib.suppress(Exception):
-        from huggingface_hub import get_token
-
         found.append(get_token())
     return sorted({s for s in found if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True)
 
@@ -248,19 +210,36 @@ def _redact(text: str, secrets: list[str]) -> str:
     return _HF_TOKEN_RE.sub("hf_***", text)
 
 
-def _check_no_token_in_files(files: list[_LocalFile], secrets: list[str]) -> None:
-    for f in files:
-        if not f.repo_path.endswith(_TEXT_SUFFIXES):
+def _check_no_token_in_files(files: dict[str, Path | bytes], secrets: list[str]) -> None:
+    for repo_path, source in files.items():
+        if not repo_path.endswith(_TEXT_SUFFIXES):
             continue
-        data = f.data if f.data is not None else f.path.read_bytes()  # type: ignore[union-attr]
+        data = source if isinstance(source, bytes) else source.read_bytes()
         if any(secret.encode() in data for secret in secrets):
             raise PublishError(
-                f"refusing to publish {f.repo_path}: it contains your Hugging Face token; "
+                f"refusing to publish {repo_path}: it contains your Hugging Face token; "
                 "remove it from the file (and rotate the token if it was shared)"
             )
 
 
 # ---------------------------------------------------------------------------- errors / retries
+@dataclass
+class _Target:
+    """The repo being published to, with what the retries and the error messages need."""
+
+    api: HfApi
+    repo_id: str
+    repo_type: str
+    revision: str
+    secrets: list[str]
+    max_retries: int
+    backoff_s: float
+
+    @property
+    def repo(self) -> str:
+        return f"{self.repo_type} repo {self.repo_id}"
+
+
 def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     cur: BaseException | None = exc
@@ -270,160 +249,185 @@ def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
         cur = cur.__cause__ or cur.__context__
 
 
-def _transient_exception_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, names in (
-        ("httpx2", ("TransportError",)),
-        ("httpx", ("TransportError",)),
-        ("requests", ("ConnectionError", "Timeout")),
-    ):
-        with contextlib.suppress(Exception):
-            mod = __import__(module)
-            types.extend(getattr(mod, n) for n in names if hasattr(mod, n))
-    return tuple(types)
-
-
-def _response_of(exc: BaseException) -> Any:
-    for e in _exception_chain(exc):
-        response = getattr(e, "response", None)
-        if isinstance(getattr(response, "status_code", None), int):
-            return response
+def _failed_request(exc: BaseException) -> Any:
+    """The HTTP request that failed (an ``HfHubHTTPError``'s or a transport error's), or None."""
+    with contextlib.suppress(RuntimeError):  # httpx2 raises when an error has no request
+        if isinstance(exc, HfHubHTTPError):
+            return exc.response.request
+        return getattr(exc, "request", None)
     return None
 
 
-def _server_detail(exc: BaseException) -> str:
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, HfHubHTTPError):
+        return exc.response.status_code in _TRANSIENT_STATUSES
+    return isinstance(exc, _NETWORK_ERRORS)
+
+
+def _network_cause(exc: BaseException, request: Any) -> str:
+    host = request.url.host if request is not None else "the Hub"
     for e in _exception_chain(exc):
-        message = getattr(e, "server_message", None)
-        if message:
-            return str(message).strip().splitlines()[0]
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        if isinstance(e, socket.gaierror):
+            return f"name resolution failed for {host} ({e.strerror})"
+        if isinstance(e, ConnectionRefusedError):
+            return f"connection refused by {host}"
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"no answer from {host} in time"
+    return f"{type(exc).__name__}: {exc}"
 
 
-def _retry_after(response: Any) -> float | None:
-    with contextlib.suppress(Exception):
-        return float(response.headers.get("Retry-After"))
-    return None
-
-
-class _Ctx:
-    """What the retry loop needs to word its errors."""
-
-    def __init__(self, repo_id: str, repo_type: str, revision: str, secrets: list[str]):
-        self.repo_id = repo_id
-        self.repo_type = repo_type
-        self.revision = revision
-        self.secrets = secrets
-
-    @property
-    def repo(self) -> str:
-        return f"{self.repo_type} repo {self.repo_id}"
-
-
-def _permanent_message(
-    step: str, status: int | None, response: Any, exc: BaseException, ctx: _Ctx
-) -> str:
-    detail = _server_detail(exc)
-    code = response.headers.get("X-Error-Code") if response is not None else None
-    if status == 401:
-        return (
-            f"Hub authentication failed (401) while trying to {step} on {ctx.repo}: "
-            "check your token: `hf auth login` or HF_TOKEN (or pass token=...)"
-        )
-    if status == 403:
-        return (
-            f"no write access to {ctx.repo} (403) while trying to {step}: use a token with "
-            f"write permission on the '{ctx.repo_id.split('/')[0]}' namespace ({detail})"
-        )
-    if status == 404:
-        if code == "RevisionNotFound":
+def _describe(exc: BaseException, step: str, target: _Target) -> str:
+    """What went wrong in ``step`` and what to do about it (not yet redacted)."""
+    request = _failed_request(exc)
+    if isinstance(exc, HfHubHTTPError):
+        status = exc.response.status_code
+        code = exc.response.headers.get("X-Error-Code")
+        detail = str(exc.server_message or exc).strip().splitlines()[0]
+        namespace = target.repo_id.split("/")[0]
+        if status == 401:
             return (
-                f"revision {ctx.revision!r} not found in {ctx.repo} (404) while trying to {step}: "
-                "create the branch first or publish to 'main'"
+                f"Hub authentication failed (401) while trying to {step} on {target.repo}: no "
+                "token was sent or the Hub refused it; set HF_TOKEN to a token with write "
+                "access, or run `hf auth login`"
             )
-        if code == "EntryNotFound":
-            return f"file not found in {ctx.repo} (404) while trying to {step}: {detail}"
+        if status == 403:
+            return (
+                f"no write access to {target.repo} (403) while trying to {step}: check that "
+                f"your token (HF_TOKEN or `hf auth login`) has write permission on the "
+                f"'{namespace}' namespace and that you belong to it if it is an organization "
+                f"({detail})"
+            )
+        if status == 404 and code == "RevisionNotFound":
+            type_flag = "" if target.repo_type == "model" else f" --repo-type {target.repo_type}"
+            return (
+                f"revision {target.revision!r} not found in {target.repo} (404) while trying to "
+                f"{step}: create the branch first (`hf repos branch create {target.repo_id} "
+                f"{target.revision}{type_flag}`) or publish to 'main'"
+            )
+        if status == 404 and code == "EntryNotFound":
+            return f"file not found in {target.repo} (404) while trying to {step}: {detail}"
+        if status == 404:
+            return (
+                f"{target.repo} not found (404) while trying to {step}: check the repo id "
+                f"(namespace/name) and the repo type; a private repo also answers 404 to a token "
+                "that cannot read it (HF_TOKEN or `hf auth login`)"
+            )
+        return f"the Hub answered HTTP {status} while trying to {step} on {target.repo}: {detail}"
+    if isinstance(exc, _NETWORK_ERRORS):
+        origin = f"{request.url.scheme}://{request.url.netloc.decode()}" if request else "the Hub"
         return (
-            f"{ctx.repo} not found (404) while trying to {step}: check repo_id, repo_type and "
-            "that your token can access it"
+            f"cannot reach {origin} while trying to {step} on {target.repo}: "
+            f"{_network_cause(exc, request)}; check the network connection and the endpoint "
+            "(HF_ENDPOINT)"
         )
-    if status is not None:
-        return f"the Hub rejected the request to {step} on {ctx.repo} (HTTP {status}): {detail}"
-    return f"failed to {step} on {ctx.repo}: {type(exc).__name__}: {detail}"
+    return f"failed to {step} on {target.repo}: {type(exc).__name__}: {exc}"
 
 
-def _with_retries(
-    step: str, fn: Callable[[], T], ctx: _Ctx, max_retries: int, backoff_s: float
+def _retry_delay(exc: BaseException, attempt: int, backoff_s: float) -> float:
+    delay = backoff_s * 2 ** (attempt - 1)
+    if isinstance(exc, HfHubHTTPError) and exc.response.status_code == 429:
+        with contextlib.suppress(TypeError, ValueError):
+            delay = max(delay, float(exc.response.headers.get("Retry-After")))
+    return min(delay, _MAX_BACKOFF_S)
+
+
+def _retrying(
+    target: _Target,
+    step: str,
+    call: Callable[[], T],
+    sent_once: Callable[[Any], bool] = lambda request: True,
 ) -> T:
-    transient_types = _transient_exception_types()
+    """Run ``call``, retrying its transient failures when ``sent_once(failed request)``.
+
+    huggingface_hub 2.4 sends create_repo, repo_info, the commit request (``_send_commit`` without
+    ``retry_on_error``) and the tag requests once, without its ``http_backoff``: those are the
+    requests retried here, at most ``max_retries`` times.
+    """
+    start = time.monotonic()
     attempt = 0
     while True:
+        attempt += 1
         try:
-            return fn()
+            return call()
         except PublishError:
             raise
         except Exception as exc:
-            response = _response_of(exc)
-            status = response.status_code if response is not None else None
-            if status is not None:
-                transient = status in (408, 429) or status >= 500
-            else:
-                transient = any(isinstance(e, transient_types) for e in _exception_chain(exc))
-            leaked = any(s in str(e) for e in _exception_chain(exc) for s in ctx.secrets)
-            if not transient:
-                message = _redact(_permanent_message(step, status, response, exc, ctx), ctx.secrets)
-                if leaked:
-                    raise PublishError(message) from None
-                raise PublishError(message) from exc
-            reason = _redact(f"HTTP {status}" if status else _server_detail(exc), ctx.secrets)
-            if attempt >= max_retries:
-                message = f"failed to {step} on {ctx.repo} after {attempt + 1} attempts: {reason}"
-                if leaked:
-                    raise PublishError(message) from None
-                raise PublishError(message) from exc
-            delay = min(backoff_s * (2**attempt), _MAX_BACKOFF_S)
-            after = _retry_after(response) if status == 429 else None
-            if after is not None:
-                delay = min(max(delay, after), _MAX_BACKOFF_S)
-            attempt += 1
-            logger.warning(
-                "Hub: %s on %s failed (%s); retry %d/%d in %.2fs",
-                step,
-                ctx.repo,
-                reason,
-                attempt,
-                max_retries,
-                delay,
-            )
-            time.sleep(delay)
+            request = _failed_request(exc)
+            transient = _is_transient(exc)
+            ours = transient and sent_once(request)
+            if ours and attempt <= target.max_retries:
+                delay = _retry_delay(exc, attempt, target.backoff_s)
+                if isinstance(exc, HfHubHTTPError):
+                    reason = f"HTTP {exc.response.status_code}"
+                else:
+                    reason = _network_cause(exc, request)
+                logger.warning(
+                    "Hub: %s on %s failed (%s); retry %d/%d in %.2fs",
+                    step,
+                    target.repo,
+                    _redact(reason, target.secrets),
+                    attempt,
+                    target.max_retries,
+                    delay,
+                )
+                time.sleep(delay)
+                continue
+            message = _describe(exc, step, target)
+            if transient:
+                tries = f"{attempt} attempt{'s' * (attempt > 1)}"
+                if not ours:
+                    tries = "huggingface_hub's own retries"
+                elapsed = time.monotonic() - start
+                message += f"; gave up after {tries} over {elapsed:.1f} s; try again later"
+            leaked = any(s in str(e) for e in _exception_chain(exc) for s in target.secrets)
+            raise PublishError(_redact(message, target.secrets)) from (None if leaked else exc)
 
 
 # ---------------------------------------------------------------------------- publishing
-def _commit_url(endpoint: str, repo_type: str, repo_id: str, sha: str) -> str:
-    prefix = "" if repo_type == "model" else f"{repo_type}s/"
-    return f"{endpoint.rstrip('/')}/{prefix}{repo_id}/commit/{sha}"
+def _same_files(target: _Target, sha_a: str, sha_b: str, paths: list[str]) -> bool:
+    """Whether commits ``sha_a`` and ``sha_b`` hold the same blobs at ``paths``."""
+
+    def blobs(sha: str) -> set[tuple[str, str]]:
+        return {
+            (entry.path, entry.blob_id)
+            for i in range(0, len(paths), _PATHS_INFO_BATCH)
+            for entry in target.api.get_paths_info(
+                target.repo_id,
+                paths[i : i + _PATHS_INFO_BATCH],
+                revision=sha,
+                repo_type=target.repo_type,
+            )
+            if isinstance(entry, RepoFile)
+        }
+
+    return blobs(sha_a) == blobs(sha_b)
 
 
-def _remote_entries(
-    api: Any, repo_id: str, repo_type: str, sha: str, paths: list[str]
-) -> dict[str, Any]:
-    from huggingface_hub.hf_api import RepoFile
-
-    out: dict[str, Any] = {}
-    for i in range(0, len(paths), _PATHS_INFO_BATCH):
-        batch = paths[i : i + _PATHS_INFO_BATCH]
-        for entry in api.get_paths_info(repo_id, batch, revision=sha, repo_type=repo_type):
-            if isinstance(entry, RepoFile):
-                out[entry.path] = entry
-    return out
-
-
-def _unchanged(local: _LocalFile, remote: Any) -> bool:
-    if remote is None or remote.size != local.size:
-        return False
-    if remote.lfs is not None:
-        return remote.lfs.sha256 == local.sha256()
-    return remote.blob_id == local.git_sha1()
+def _tag(target: _Target, tag: str, commit_id: str, paths: list[str], move_tag: bool) -> None:
+    api, repo_id, repo_type = target.api, target.repo_id, target.repo_type
+    try:
+        api.create_tag(repo_id, tag=tag, revision=commit_id, repo_type=repo_type)
+        return
+    except HfHubHTTPError as err:
+        if err.response.status_code != 409:
+            raise
+    refs = api.list_repo_refs(repo_id, repo_type=repo_type)
+    tagged = next((r.target_commit for r in refs.tags if r.name == tag), None)
+    if tagged is None:
+        raise PublishError(f"cannot create tag {tag!r} in {target.repo}: a branch has that name")
+    if tagged == commit_id or _same_files(target, tagged, commit_id, paths):
+        return
+    if not move_tag:
+        raise PublishError(
+            f"tag {tag!r} already exists in {target.repo} on commit {tagged[:12]}, whose files "
+            f"differ from the ones just published (commit {commit_id[:12]}); pass "
+            "move_tag=True to move the tag, or use another tag"
+        )
+    logger.warning(
+        "Hub: moving tag %s of %s from %s to %s", tag, target.repo, tagged[:12], commit_id[:12]
+    )
+    api.delete_tag(repo_id, tag=tag, repo_type=repo_type)
+    api.create_tag(repo_id, tag=tag, revision=commit_id, repo_type=repo_type)
 
 
 def publish_folder(
@@ -449,11 +453,10 @@ def publish_folder(
     ``model_card`` (text) becomes the repo's root ``README.md`` in the same commit. ``tag`` tags
     the resulting commit (see the module docstring for an existing tag; ``move_tag``).
     ``allow_patterns`` replaces ``ALLOW_PATTERNS`` (e.g. ``["*.json", "*.parquet", "*.mp4"]`` for
-    a dataset folder); the deny list still applies. Returns a receipt; raises ``PublishError``.
+    a dataset folder); the deny list still applies. ``max_retries`` and ``backoff_s`` bound the
+    retries of the requests huggingface_hub does not retry itself. Returns a receipt; raises
+    ``PublishError``.
     """
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
-
     validate_repo_id(repo_id)
     if repo_type not in _REPO_TYPES:
         raise PublishError(f"invalid repo_type {repo_type!r}: expected one of {_REPO_TYPES}")
@@ -467,104 +470,81 @@ def publish_folder(
     prefix = _normalize_path_in_repo(path_in_repo)
     branch = revision or "main"
 
-    files = [
-        _LocalFile(repo_path=f"{prefix}/{rel}" if prefix else rel, path=root / rel)
+    files: dict[str, Path | bytes] = {
+        f"{prefix}/{rel}" if prefix else rel: root / rel
         for rel in collect_publish_files(root, allow_patterns)
-    ]
+    }
     if model_card is not None:
-        files = [f for f in files if f.repo_path != "README.md"]
-        files.append(_LocalFile(repo_path="README.md", data=model_card.encode("utf-8")))
+        files["README.md"] = model_card.encode("utf-8")
     if not files:
         raise PublishError(
             f"nothing to publish in {root}: no file matches {allow_patterns or ALLOW_PATTERNS} "
             "(DCP shards, training_state/ and optimizer state are never uploaded)"
         )
-    files.sort(key=lambda f: f.repo_path)
+    files = dict(sorted(files.items()))
     secrets = _known_secrets(token)
     _check_no_token_in_files(files, secrets)
 
     api = HfApi(
         endpoint=endpoint, token=token, library_name="lerobot_pipe", library_version=__version__
     )
-    ctx = _Ctx(repo_id, repo_type, branch, secrets)
+    target = _Target(api, repo_id, repo_type, branch, secrets, max_retries, backoff_s)
     message = commit_message or f"Upload {len(files)} file(s) with lerobot_pipe"
+    commit_path = f"/api/{repo_type}s/{repo_id}/commit/{branch}"
 
-    def create() -> None:
-        api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
-
-    def commit() -> tuple[str, str | None, bool]:
-        head = api.repo_info(repo_id, repo_type=repo_type, revision=branch).sha
-        remote = _remote_entries(api, repo_id, repo_type, head, [f.repo_path for f in files])
-        changed = [f for f in files if not _unchanged(f, remote.get(f.repo_path))]
-        if not changed:
-            logger.info("Hub: %s is up to date at %s; no new commit", ctx.repo, head[:12])
-            return head, _commit_url(api.endpoint, repo_type, repo_id, head), False
-        info = api.create_commit(
-            repo_id,
-            [f.operation() for f in changed],
-            commit_message=message,
-            repo_type=repo_type,
-            revision=branch,
-        )
-        return info.oid, info.commit_url, info.oid != head
-
-    # The files a tag vouches for: those under path_in_repo (not the root model card).
-    tagged = [f for f in files if f.repo_path.startswith(f"{prefix}/")] if prefix else files
-    tagged = tagged or files
-
-    def files_match_at(sha: str) -> bool:
-        remote = _remote_entries(api, repo_id, repo_type, sha, [f.repo_path for f in tagged])
-        return all(_unchanged(f, remote.get(f.repo_path)) for f in tagged)
-
-    def make_tag(commit_id: str) -> None:
-        assert tag is not None
-        try:
-            api.create_tag(repo_id, tag=tag, revision=commit_id, repo_type=repo_type)
-            return
-        except HfHubHTTPError as err:
-            if err.response is None or err.response.status_code != 409:
-                raise
-        refs = api.list_repo_refs(repo_id, repo_type=repo_type)
-        target = next((r.target_commit for r in refs.tags if r.name == tag), None)
-        if target is None:
-            raise PublishError(f"cannot create tag {tag!r} in {ctx.repo}: a branch has that name")
-        if target == commit_id or files_match_at(target):
-            return
-        if not move_tag:
-            raise PublishError(
-                f"tag {tag!r} already exists in {ctx.repo} on commit {target[:12]}, whose files "
-                f"differ from the ones just published (commit {commit_id[:12]}); pass "
-                "move_tag=True to move the tag, or use another tag"
+    def commit() -> CommitInfo:
+        # New operations on every attempt: create_commit mutates the ones it is given.
+        operations = [
+            CommitOperationAdd(
+                path_in_repo=path, path_or_fileobj=src if isinstance(src, bytes) else str(src)
             )
-        logger.warning(
-            "Hub: moving tag %s of %s from %s to %s", tag, ctx.repo, target[:12], commit_id[:12]
+            for path, src in files.items()
+        ]
+        return api.create_commit(
+            repo_id, operations, commit_message=message, repo_type=repo_type, revision=branch
         )
-        api.delete_tag(repo_id, tag=tag, repo_type=repo_type)
-        api.create_tag(repo_id, tag=tag, revision=commit_id, repo_type=repo_type)
 
-    _with_retries("create the repo", create, ctx, max_retries, backoff_s)
-    commit_id, commit_url, created = _with_retries("commit", commit, ctx, max_retries, backoff_s)
-    if tag is not None:
-        _with_retries(f"tag {tag}", lambda: make_tag(commit_id), ctx, max_retries, backoff_s)
-    receipt = PublishReceipt(
-        repo_id=repo_id,
-        repo_type=repo_type,
-        revision=branch,
-        commit_id=commit_id,
-        commit_url=commit_url,
-        created_commit=created,
-        files=[f.repo_path for f in files],
-        path_in_repo=prefix,
-        tag=tag,
+    def is_commit_request(request: Any) -> bool:
+        return request is not None and request.url.path.endswith(commit_path)
+
+    _retrying(
+        target,
+        "create the repo",
+        lambda: api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True),
     )
+    head = _retrying(
+        target,
+        f"read the head of {branch!r}",
+        lambda: api.repo_info(repo_id, repo_type=repo_type, revision=branch).sha,
+    )
+    info = _retrying(target, "commit", commit, sent_once=is_commit_request)
+    created = info.oid != head
+    if tag is not None:
+        # The files a tag vouches for: those under path_in_repo (not the root model card).
+        tagged = [p for p in files if p.startswith(f"{prefix}/")] if prefix else list(files)
+        _retrying(
+            target,
+            f"tag {tag}",
+            lambda: _tag(target, tag, info.oid, tagged or list(files), move_tag),
+        )
     logger.info(
         "Hub: published %d file(s) to %s at %s (%s)",
         len(files),
-        ctx.repo,
-        commit_id[:12],
+        target.repo,
+        info.oid[:12],
         "new commit" if created else "unchanged",
     )
-    return receipt
+    return PublishReceipt(
+        repo_id=repo_id,
+        repo_type=repo_type,
+        revision=branch,
+        commit_id=info.oid,
+        commit_url=info.commit_url,
+        created_commit=created,
+        files=list(files),
+        path_in_repo=prefix,
+        tag=tag,
+    )
 
 
 # ---------------------------------------------------------------------------- checkpoints

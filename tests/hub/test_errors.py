@@ -2,6 +2,8 @@
 
 import json
 import logging
+import re
+import socket
 
 import pytest
 
@@ -54,6 +56,21 @@ def test_connection_drop_and_503_on_create_are_retried(small_lfs_hub, make_check
     assert statuses(server, r"/commit/main$") == [429, 200]
 
 
+def test_lost_commit_answer_is_not_a_second_commit(small_lfs_hub, make_checkpoint):
+    server = small_lfs_hub
+    pm = make_checkpoint() / "pretrained_model"
+    server.create_repo(REPO)
+    # The commit is made, then its answer is lost (connection dropped): the retry finds the files
+    # already there and sends no second commit.
+    server.inject_fault(r"/commit/main$", times=1, status=0, after=True)
+
+    receipt = publish(server, pm)
+
+    assert statuses(server, r"/commit/main$") == [0]
+    assert server.commit_count(REPO) == 2
+    assert receipt.created_commit and receipt.commit_id == server.head(REPO)
+
+
 def test_retries_exhausted(small_lfs_hub, make_checkpoint):
     server = small_lfs_hub
     pm = make_checkpoint() / "pretrained_model"
@@ -64,6 +81,37 @@ def test_retries_exhausted(small_lfs_hub, make_checkpoint):
     assert server.commit_count(REPO) == 1
 
 
+def test_preupload_is_retried_by_huggingface_hub(small_lfs_hub, make_checkpoint):
+    """The preupload goes through huggingface_hub's own http_backoff (about 1 s here)."""
+    server = small_lfs_hub
+    pm = make_checkpoint() / "pretrained_model"
+    server.inject_fault(r"/preupload/main$", times=1, status=503)
+
+    receipt = publish(server, pm, max_retries=0)
+
+    assert receipt.created_commit
+    assert statuses(server, r"/preupload/main$") == [503, 200]
+
+
+def test_no_network_says_why_and_for_how_long(small_lfs_hub, make_checkpoint):
+    pm = make_checkpoint() / "pretrained_model"
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with pytest.raises(PublishError) as info:
+        publish_folder(pm, REPO, endpoint=endpoint, token=BAD_TOKEN, max_retries=2, backoff_s=0.01)
+    message = str(info.value)
+    assert f"cannot reach {endpoint} while trying to create the repo" in message
+    assert "connection refused by 127.0.0.1" in message and "HF_ENDPOINT" in message
+    assert re.search(r"gave up after 3 attempts over \d+\.\d s", message)
+    assert BAD_TOKEN not in message
+
+    with pytest.raises(PublishError, match=r"name resolution failed for no-such-host\.invalid"):
+        publish_folder(
+            pm, REPO, endpoint="http://no-such-host.invalid", token=BAD_TOKEN, max_retries=0
+        )
+
+
 def test_bad_token_fails_fast(small_lfs_hub, make_checkpoint):
     server = small_lfs_hub
     pm = make_checkpoint() / "pretrained_model"
@@ -71,6 +119,7 @@ def test_bad_token_fails_fast(small_lfs_hub, make_checkpoint):
         publish(server, pm, token=BAD_TOKEN, max_retries=5, backoff_s=10.0)
     message = str(info.value)
     assert "401" in message and "hf auth login" in message and "HF_TOKEN" in message
+    assert "token=" not in message  # speaks to a command-line user, not of a keyword argument
     assert BAD_TOKEN not in message
     # No retry: the create request was sent once, nothing else was written.
     assert statuses(server, r"^/api/repos/create$") == [401]
@@ -133,10 +182,9 @@ def test_token_never_leaks(small_lfs_hub, make_checkpoint, tmp_path, caplog, mon
         model_card=card,
         backoff_s=0.01,
     )
-    receipt_path = receipt.save(tmp_path / "receipt.json")
 
+    # The receipt file lerobot-pipe publish writes from to_json(): tests/security checks it.
     assert token not in json.dumps(receipt.to_json())
-    assert token not in receipt_path.read_text()
     for path in step_dir.rglob("*"):
         if path.is_file():
             assert token.encode() not in path.read_bytes(), path

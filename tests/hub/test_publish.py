@@ -231,12 +231,22 @@ def test_step_mismatch_and_nothing_to_publish(small_lfs_hub, make_checkpoint, tm
     assert small_lfs_hub.requests == []
 
 
-def test_receipt_json(small_lfs_hub, make_checkpoint, tmp_path):
-    pm = make_checkpoint() / "pretrained_model"
-    receipt = publish_folder(pm, REPO, token=small_lfs_hub.token, endpoint=small_lfs_hub.url)
-    path = receipt.save(tmp_path / "publish_receipt.json")
+def test_cli_writes_the_receipt(small_lfs_hub, make_checkpoint, tmp_path, monkeypatch):
+    from lerobot_pipe.scripts.cli import main
+
+    server = small_lfs_hub
+    monkeypatch.setenv("HF_TOKEN", server.token)
+    step_dir = make_checkpoint()
+    path = tmp_path / "published" / "publish_receipt.json"
+    argv = [f"--pretrained_dir={step_dir}", f"--repo_id={REPO}", "--step=5000"]
+    assert main(["publish", *argv, f"--endpoint={server.url}", f"--receipt={path}"]) == 0
     data = json.loads(path.read_text())
-    assert data == receipt.to_json()
+    # The same receipt as the library returns (re-publishing: the same commit, no new one).
+    receipt = publish_checkpoint(
+        step_dir, REPO, intermediate=False, step=5000, token=server.token, endpoint=server.url
+    )
+    assert data == {**receipt.to_json(), "created_commit": True}
+    assert data["commit_id"] == server.head(REPO) and not receipt.created_commit
     assert set(data) == {
         "repo_id",
         "repo_type",
