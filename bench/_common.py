@@ -116,7 +116,7 @@ def act_policy_and_data(
     torch.manual_seed(seed)
     policy = make_policy(cfg, ds.features)
     policy.train()
-    pre, _ = make_pre_post_processors(cfg, ds.stats)
+    pre, _ = make_pre_post_processors(cfg, dataset_stats=ds.stats)
     sampler = GlobalBatchSampler(len(ds), batch_size, rank, dp_world_size, seed)
     return policy, ds, sampler, pre
 

@@ -38,11 +38,12 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
 )
 
-from lerobot_pipe.configs.train import AcceleratorConfig, OptimizerConfig
+from lerobot_pipe.configs.optim import AdamWConfig
+from lerobot_pipe.configs.train import AcceleratorConfig
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.parallelize import apply_parallelism
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.processors import make_pre_post_processors, save_processors
+from lerobot_pipe.processors import make_pre_post_processors
 from lerobot_pipe.training.checkpoint import CheckpointContext, save_checkpoint
 from lerobot_pipe.training.optim import make_optimizer
 
@@ -62,11 +63,13 @@ def rank_main(dataset_root: str, out_root: str, reps: int) -> dict:
         policy, ds, sampler, pre = c.act_policy_and_data(
             SIZE, dataset_root, 2, seed=1000, rank=env.rank, dp_world_size=WORLD
         )
-        _, post = make_pre_post_processors(policy.config, ds.stats)
+        _, post = make_pre_post_processors(policy.config, dataset_stats=ds.stats)
         model = apply_parallelism(
             policy, dims, env, AcceleratorConfig(), type(policy)._fsdp_wrap_modules
         )
-        optimizer = make_optimizer(model.parameters(), OptimizerConfig(lr=1e-5, weight_decay=1e-4))
+        optimizer = make_optimizer(
+            policy.get_optim_params(), AdamWConfig(lr=1e-5, weight_decay=1e-4)
+        )
         loss, _ = model(pre(ds.get_batch(sampler.next_indices())))
         loss.backward()
         optimizer.step()
@@ -79,7 +82,8 @@ def rank_main(dataset_root: str, out_root: str, reps: int) -> dict:
                 policy.save_pretrained(directory, state_dict=full_state)
             else:
                 policy.config.save_pretrained(directory)
-            save_processors(directory, pre, post)
+            pre.save_pretrained(directory)
+            post.save_pretrained(directory)
             (directory / "train_config.json").write_text(json.dumps({"bench": True}) + "\n")
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -26,7 +26,8 @@ import argparse
 import torch
 from launch import run_distributed
 
-from lerobot_pipe.configs.train import AcceleratorConfig, OptimizerConfig
+from lerobot_pipe.configs.optim import AdamWConfig
+from lerobot_pipe.configs.train import AcceleratorConfig
 from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset  # noqa: F401 - baseline
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.parallelize import apply_parallelism
@@ -69,7 +70,9 @@ def rank_main(dp_shard: int, dataset_root: str) -> dict:
         model = apply_parallelism(
             policy, dims, env, AcceleratorConfig(), type(policy)._fsdp_wrap_modules
         )
-        optimizer = make_optimizer(model.parameters(), OptimizerConfig(lr=1e-5, weight_decay=1e-4))
+        optimizer = make_optimizer(
+            policy.get_optim_params(), AdamWConfig(lr=1e-5, weight_decay=1e-4)
+        )
         stages["wrapped"] = c.rss_parts()
         loss, _ = model(pre(ds.get_batch(sampler.next_indices())))
         loss.backward()

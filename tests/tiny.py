@@ -18,10 +18,23 @@ TINY_ACT = {
     "policy.latent_dim": 8,
 }
 DETERMINISTIC = {"policy.dropout": 0.0, "policy.use_vae": False}
+# An explicit optimizer and LR schedule instead of the policy's preset (LeRobot's rule: with the
+# preset on, --optimizer.* and --scheduler.* are replaced by it).
+WITH_SCHEDULER = {
+    "use_policy_training_preset": "false",
+    "optimizer.type": "adamw",
+    "optimizer.lr": 1e-3,
+    "optimizer.weight_decay": 1e-4,
+    "scheduler.type": "cosine_decay_with_warmup",
+    "scheduler.num_warmup_steps": 1,
+    "scheduler.num_decay_steps": 6,
+    "scheduler.peak_lr": 1e-3,
+    "scheduler.decay_lr": 1e-4,
+}
 
 
 def tiny_act_flags(**overrides) -> list[str]:
-    flags = {**TINY_ACT, "optimizer.lr": 1e-3, "num_workers": 0, "log_freq": 1, **overrides}
+    flags = {**TINY_ACT, "policy.optimizer_lr": 1e-3, "num_workers": 0, "log_freq": 1, **overrides}
     return [f"--{k}={v}" for k, v in flags.items() if v is not None]
 
 

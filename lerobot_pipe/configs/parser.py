@@ -1,8 +1,15 @@
 """LeRobot-style dotted CLI flags onto nested dataclasses, and configs to and from JSON.
 
 ``--a.b=value`` and ``--a.b value`` both work. A flag names a dataclass field by its dotted path;
-the value is converted to the field's annotated type. Unknown flags, wrong types and impossible
-choices raise :class:`ConfigError`, whose message names the flag and what is allowed.
+the value is converted to the field's annotated type. ``--a.b=null`` resets a field to its
+default (``None`` for optional fields). A config chosen by type (policy, optimizer, scheduler)
+takes ``--a.type=<name>`` first; an optional group that is unset (``--peft.*``, ``--scheduler.*``)
+is created by the first flag that names one of its fields. Unknown flags, wrong types and
+impossible choices raise :class:`ConfigError`, whose message names the flag and what is allowed.
+
+Files are decoded leniently where flags are not: a key of a config file that names no field here
+(a field of another LeRobot release) is kept as it is and written back, so nothing a user's file
+holds is lost; the flags a user types must all be known.
 """
 
 from __future__ import annotations
@@ -10,12 +17,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import logging
 import types
 import typing
 from pathlib import Path
 from typing import Any, Union
 
-from lerobot_pipe.policies.pretrained import PreTrainedConfig
+from lerobot_pipe.configs.choice import ChoiceRegistry
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -25,6 +35,8 @@ class ConfigError(ValueError):
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 _NONE = {"none", "null"}
+# Keys of a config file that name no field, kept per config object and written back.
+_EXTRA = "_extra_fields"
 
 
 def split_flags(argv: list[str]) -> dict[str, str]:
@@ -50,31 +62,48 @@ def split_flags(argv: list[str]) -> dict[str, str]:
     return flags
 
 
+def is_null(raw: Any) -> bool:
+    return raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE)
+
+
+def _union_args(tp: Any) -> tuple[list[Any], bool]:
+    """The non-None members of a Union (or ``[tp]``) and whether None is one of them."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        return [a for a in args if a is not type(None)], type(None) in args
+    return [tp], False
+
+
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0], True
-    return tp, False
+    members, optional = _union_args(tp)
+    return (members[0] if len(members) == 1 else tp), optional
 
 
 def _describe(tp: Any) -> str:
-    tp, optional = _unwrap_optional(tp)
-    name = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp)
-    if name is None:
-        origin = typing.get_origin(tp)
-        name = {list: "a JSON list", dict: "a JSON object"}.get(origin or tp, str(tp))
-    return name + (" or null" if optional else "")
+    members, optional = _union_args(tp)
+    names = []
+    for member in members:
+        name = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+            member
+        )
+        if name is None:
+            origin = typing.get_origin(member)
+            name = {list: "a JSON list", dict: "a JSON object"}.get(origin or member, str(member))
+        names.append(name)
+    return " or ".join(names) + (" or null" if optional else "")
 
 
 def convert_value(raw: Any, tp: Any, flag: str) -> Any:
-    """Convert a CLI string (or a JSON value) to the annotated type ``tp``."""
-    inner, optional = _unwrap_optional(tp)
-    if raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE):
-        if optional:
-            return None
-        raise ConfigError(f"--{flag}: cannot be null; expected {_describe(tp)}")
+    """Convert a CLI string (or a JSON value) to the annotated type ``tp``. Null is handled by
+    the caller (it means the field's default)."""
+    members, _ = _union_args(tp)
+    if len(members) > 1:  # e.g. list[str] | str: a JSON list, else the string itself
+        as_list = isinstance(raw, list) or (isinstance(raw, str) and raw.strip().startswith("["))
+        for member in members:
+            if (typing.get_origin(member) is list) == as_list:
+                return convert_value(raw, member, flag)
+        raise ConfigError(f"--{flag}={raw!r}: expected {_describe(tp)}")
+    inner = members[0]
     try:
         if inner is bool:
             if isinstance(raw, bool):
@@ -129,9 +158,21 @@ def convert_value(raw: Any, tp: Any, flag: str) -> Any:
     raise ConfigError(f"--{flag}: unsupported field type {tp}")
 
 
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+    return {name: hints[name] for name in _fields(cls)}
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
 
 
 def _unknown_key_error(key: str, prefix: str, known: list[str], where: str) -> ConfigError:
@@ -145,66 +186,137 @@ def _unknown_key_error(key: str, prefix: str, known: list[str], where: str) -> C
     return ConfigError(f"--{flag}: unknown {where}.{hint}")
 
 
+def _dataclass_type(tp: Any) -> type | None:
+    inner, _ = _unwrap_optional(tp)
+    return inner if isinstance(inner, type) and dataclasses.is_dataclass(inner) else None
+
+
+def _choice_class(base: type, name: Any, prefix: str) -> type:
+    known = base.known_choices()
+    what = prefix.rstrip(".").rsplit(".", 1)[-1]  # policy, optimizer, scheduler
+    if is_null(name):
+        raise ConfigError(f"--{prefix}type is required; choose one of: {', '.join(known)}")
+    if name not in known:
+        raise ConfigError(
+            f"--{prefix}type={name!r}: unknown {what} type; choose one of: {', '.join(known)}"
+        )
+    return base.get_choice_class(name)
+
+
+def _new_group(cls: type, prefix: str, first_key: str) -> Any:
+    """A new instance of an unset dataclass field, for a flag naming one of its fields."""
+    if issubclass(cls, ChoiceRegistry) and cls.is_choice_base():
+        if cls.default_choice is None:
+            raise ConfigError(
+                f"--{prefix}{first_key}: pass --{prefix}type first; choose one of: "
+                f"{', '.join(cls.known_choices())}"
+            )
+        return cls.get_choice_class(cls.default_choice)()
+    return cls()
+
+
 def set_field(obj: Any, path: list[str], raw: Any, flag: str, prefix: str = "") -> None:
     """Set ``obj.<path>`` from ``raw``, descending into nested dataclasses."""
+    fields = _fields(type(obj))
     types_ = _field_types(type(obj))
     name = path[0]
     if name not in types_:
         raise _unknown_key_error(name, prefix, list(types_), "flag")
-    current = getattr(obj, name)
-    if len(path) > 1:
-        if current is None or not dataclasses.is_dataclass(current):
-            raise ConfigError(f"--{flag}: {prefix}{name} has no sub-option {'.'.join(path[1:])}")
-        set_field(current, path[1:], raw, flag, f"{prefix}{name}.")
-        return
     tp = types_[name]
-    inner, _ = _unwrap_optional(tp)
-    if dataclasses.is_dataclass(inner):
+    group = _dataclass_type(tp)
+    if len(path) > 1:
+        if group is None:
+            raise ConfigError(f"--{flag}: {prefix}{name} has no sub-option {'.'.join(path[1:])}")
+        current = getattr(obj, name)
+        sub_prefix = f"{prefix}{name}."
+        if path[1] == "type" and len(path) == 2 and issubclass(group, ChoiceRegistry):
+            choice = _choice_class(group, raw, sub_prefix)
+            if type(current) is not choice:
+                setattr(obj, name, choice())
+            return
+        if current is None:
+            current = _new_group(group, sub_prefix, path[1])
+            setattr(obj, name, current)
+        set_field(current, path[1:], raw, flag, sub_prefix)
+        return
+    if is_null(raw):
+        _, optional = _unwrap_optional(tp)
+        setattr(obj, name, None if optional else _default(fields[name]))
+        return
+    if group is not None:
         value = raw if isinstance(raw, dict) else convert_value(raw, dict, flag)
-        setattr(obj, name, from_dict(inner, value, f"{prefix}{name}."))
+        setattr(obj, name, from_dict(group, value, f"{prefix}{name}."))
         return
     setattr(obj, name, convert_value(raw, tp, flag))
 
 
-def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a JSON dict; unknown keys fail, naming them."""
+def _flag_order(key: str) -> tuple[int, bool]:
+    """Set shallow keys first and, at one depth, ``.type`` before the fields it chooses."""
+    return key.count("."), not key.endswith(".type")
+
+
+def apply_flags(obj: Any, flags: dict[str, Any]) -> None:
+    """Set every dotted ``flags`` key on ``obj`` (types first, then their fields)."""
+    for key in sorted(flags, key=_flag_order):
+        set_field(obj, key.split("."), flags[key], key)
+
+
+def from_dict(cls: type, data: dict, prefix: str = "", *, lenient: bool = False) -> Any:
+    """Build dataclass ``cls`` from a JSON dict. Unknown keys fail, naming them, unless
+    ``lenient`` (config files): then they are kept on the object and written back by
+    :func:`to_dict`."""
     if not isinstance(data, dict):
         raise ConfigError(f"--{prefix.rstrip('.')}: expected a JSON object, got {data!r}")
-    if cls is PreTrainedConfig or (isinstance(cls, type) and issubclass(cls, PreTrainedConfig)):
-        data = dict(data)
-        policy_type = data.pop("type", None)
-        cls = policy_config_class(policy_type, prefix)
+    data = dict(data)
+    if issubclass(cls, ChoiceRegistry) and cls.is_choice_base():
+        cls = _choice_class(cls, data.pop("type", None), prefix)
+    elif issubclass(cls, ChoiceRegistry):
+        data.pop("type", None)
     obj = cls()
+    fields = _fields(cls)
+    types_ = _field_types(cls)
+    extra = {}
     for key, value in data.items():
-        set_field(obj, [key], value, f"{prefix}{key}", prefix)
+        if key not in fields:
+            if not lenient:
+                raise _unknown_key_error(key, prefix, list(fields), "flag")
+            extra[key] = value
+            continue
+        group = _dataclass_type(types_[key])
+        if group is not None and isinstance(value, dict):
+            setattr(obj, key, from_dict(group, value, f"{prefix}{key}.", lenient=lenient))
+        else:
+            set_field(obj, [key], value, f"{prefix}{key}", prefix)
+    if extra:
+        log.info(
+            "%s: kept keys this version does not use: %s", prefix.rstrip(".") or "config", extra
+        )
+        setattr(obj, _EXTRA, extra)
     return obj
 
 
-def policy_config_class(policy_type: str | None, prefix: str = "policy.") -> type[PreTrainedConfig]:
-    known = PreTrainedConfig.known_choices()
-    if policy_type is None:
-        raise ConfigError(f"--{prefix}type is required; choose one of: {', '.join(known)}")
-    if policy_type not in known:
-        raise ConfigError(
-            f"--{prefix}type={policy_type!r}: unknown policy type; choose one of: {', '.join(known)}"
-        )
-    return PreTrainedConfig.get_choice_class(policy_type)
-
-
 def to_dict(obj: Any) -> Any:
-    """Dataclass tree -> JSON-able dict; policy configs carry their ``type``."""
+    """Dataclass tree -> JSON-able dict, as LeRobot writes it: chosen configs carry their
+    ``type``; extension fields at their default are left out; kept unknown keys come back."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out: dict[str, Any] = {}
-        if isinstance(obj, PreTrainedConfig):
+        if isinstance(obj, ChoiceRegistry):
             out["type"] = obj.type
         for f in dataclasses.fields(obj):
-            if f.init:
-                out[f.name] = to_dict(getattr(obj, f.name))
+            if not f.init:
+                continue
+            value = getattr(obj, f.name)
+            if f.metadata.get("omit_at_default") and value == _default(f):
+                continue
+            out[f.name] = to_dict(value)
+        out.update(getattr(obj, _EXTRA, {}))
         return out
     if isinstance(obj, list | tuple):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
     return obj
 
 

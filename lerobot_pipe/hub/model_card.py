@@ -140,19 +140,21 @@ def make_model_card(
 
 
 def model_card_for_checkpoint(pretrained_dir: str | Path, repo_id: str) -> str:
-    """The model card of a checkpoint's ``pretrained_model/``, from its train_config.json and the
-    run's last logged metrics (``<output_dir>/metrics.jsonl``) when they can be found."""
+    """The model card of a checkpoint's ``pretrained_model/``, from its train_config.json, the
+    topology in the step folder's training_step.json and the run's last logged metrics
+    (``<output_dir>/metrics.jsonl``), each when it can be found."""
     pretrained_dir = Path(pretrained_dir)
     config = json.loads((pretrained_dir / C.TRAIN_CONFIG_NAME).read_text())
     policy = config.get("policy") or {}
-    resolved = config.get("resolved") or {}
+    step_file = pretrained_dir.parent / C.TRAINING_STATE_DIR / C.TRAINING_STEP
+    resolved = json.loads(step_file.read_text()) if step_file.is_file() else {}
     parallelism = resolved.get("parallelism") or {}
     accelerator = config.get("accelerator") or {}
     summary = {
         "policy": policy.get("type"),
         "steps": config.get("steps"),
         "batch_size": config.get("batch_size"),
-        "effective_batch_size": resolved.get("effective_batch_size"),
+        "effective_batch_size": resolved.get("global_batch_size"),
         "topology": parallelism.get("mode"),
         "dp_replicate": parallelism.get("dp_replicate"),
         "dp_shard": parallelism.get("dp_shard"),

@@ -9,19 +9,21 @@ safetensors, never with pickle.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from lerobot_pipe.configs.choice import ChoiceRegistry
 from lerobot_pipe.constants import CONFIG_NAME, MODEL_DCP_DIR, MODEL_SAFETENSORS
+
+if TYPE_CHECKING:
+    from lerobot_pipe.configs.optim import OptimizerConfig, SchedulerConfig
 
 # Feature keys of LeRobot datasets and batches.
 OBS_PREFIX = "observation."
@@ -32,11 +34,7 @@ ACTION = "action"
 
 # Policy feature types and normalization modes (LeRobot's FeatureType / NormalizationMode values).
 FEATURE_TYPES = ("STATE", "ENV", "ACTION", "VISUAL")
-NORMALIZATION_MODES = ("MEAN_STD", "MIN_MAX", "IDENTITY")
-
-
-def _default_normalization_mapping() -> dict[str, str]:
-    return {"STATE": "MEAN_STD", "ENV": "MEAN_STD", "ACTION": "MEAN_STD", "VISUAL": "MEAN_STD"}
+NORMALIZATION_MODES = ("MEAN_STD", "MIN_MAX", "QUANTILES", "QUANTILE10", "IDENTITY")
 
 
 def _check_features(features: Any, field_name: str) -> None:
@@ -66,28 +64,35 @@ def _check_features(features: Any, field_name: str) -> None:
 
 
 @dataclass
-class PreTrainedConfig:
-    """Base of every policy config. Subclasses register themselves with a ``type`` name.
+class PreTrainedConfig(ChoiceRegistry, choice_base=True, choice_kind="policy"):
+    """Base of every policy config: LeRobot's base fields. Subclasses register a ``type`` name
+    with ``@PreTrainedConfig.register_subclass(name)`` and define their own fields, among them
+    ``normalization_mapping`` (feature type -> mode).
 
     ``input_features`` / ``output_features`` map feature names to
     ``{"type": "STATE" | "ENV" | "ACTION" | "VISUAL", "shape": [...]}``; ``make_policy``
-    fills them from the dataset when they are left empty.
+    fills them from the dataset when they are left empty. ``device`` None lets the trainer pick
+    (the rank's GPU, else the CPU). ``use_amp`` asks for automatic mixed precision (bf16 on CPU,
+    fp16 on CUDA, as torch.autocast's defaults). ``use_peft`` marks a checkpoint that holds LoRA
+    adapters over the base policy named in its adapter_config.json. ``push_to_hub`` defaults to
+    False here (LeRobot: True), so that a run without ``--policy.repo_id`` does not fail.
     """
 
     n_obs_steps: int = 1
     input_features: dict[str, dict] = field(default_factory=dict)
     output_features: dict[str, dict] = field(default_factory=dict)
-    normalization_mapping: dict[str, str] = field(default_factory=_default_normalization_mapping)
     device: str | None = None
+    use_amp: bool = False
+    use_peft: bool = False
     push_to_hub: bool = False
     repo_id: str | None = None
     private: bool | None = None
     tags: list[str] | None = None
     license: str | None = None
     pretrained_path: str | None = None
+    pretrained_revision: str | None = None
 
-    type: ClassVar[str]
-    _registry: ClassVar[dict[str, type[PreTrainedConfig]]] = {}
+    normalization_mapping: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.n_obs_steps < 1:
@@ -103,38 +108,6 @@ class PreTrainedConfig:
                     f"normalization_mapping[{feature_type!r}] is {mode!r}; "
                     f"expected one of {NORMALIZATION_MODES}"
                 )
-
-    # --- registry -------------------------------------------------------------------------
-
-    @classmethod
-    def register_subclass(cls, name: str) -> Callable[[type[PreTrainedConfig]], type]:
-        """Class decorator: register a config subclass under ``name`` (its ``type``)."""
-
-        def decorator(subclass: type[PreTrainedConfig]) -> type[PreTrainedConfig]:
-            registered = PreTrainedConfig._registry.get(name)
-            if registered is not None and registered is not subclass:
-                raise ValueError(
-                    f"policy type {name!r} is already registered by {registered.__qualname__}"
-                )
-            subclass.type = name
-            PreTrainedConfig._registry[name] = subclass
-            return subclass
-
-        return decorator
-
-    @classmethod
-    def get_choice_class(cls, name: str) -> type[PreTrainedConfig]:
-        """The config class registered as ``name``; ValueError listing the known types otherwise."""
-        try:
-            return PreTrainedConfig._registry[name]
-        except KeyError:
-            raise ValueError(
-                f"unknown policy type {name!r}; known types: {cls.known_choices()}"
-            ) from None
-
-    @classmethod
-    def known_choices(cls) -> list[str]:
-        return sorted(PreTrainedConfig._registry)
 
     # --- features -------------------------------------------------------------------------
 
@@ -154,6 +127,10 @@ class PreTrainedConfig:
                 raise ValueError(f"input_features[{key!r}] has type 'ACTION'; actions are outputs")
 
     @property
+    def image_features(self) -> dict[str, dict]:
+        return {k: ft for k, ft in self.input_features.items() if ft["type"] == "VISUAL"}
+
+    @property
     def observation_delta_indices(self) -> list[int] | None:
         """Frame offsets loaded for each observation; None means the current frame only."""
         return None
@@ -165,11 +142,11 @@ class PreTrainedConfig:
 
     # --- optimizer presets ----------------------------------------------------------------
 
-    def get_optimizer_preset(self) -> dict:
-        """Keyword arguments of torch.optim.AdamW the policy trains with by default."""
+    def get_optimizer_preset(self) -> OptimizerConfig:
+        """The optimizer the policy trains with by default (``use_policy_training_preset``)."""
         raise NotImplementedError(f"{type(self).__name__} defines no optimizer preset")
 
-    def get_scheduler_preset(self) -> dict | None:
+    def get_scheduler_preset(self) -> SchedulerConfig | None:
         """The learning-rate scheduler the policy trains with by default; None for a constant lr."""
         return None
 
@@ -177,10 +154,11 @@ class PreTrainedConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """``{"type": <name>, **fields}``, the content of config.json."""
-        type_name = getattr(type(self), "type", None)
-        if type_name is None:
+        from lerobot_pipe.configs.parser import to_dict
+
+        if getattr(type(self), "type", None) is None:
             raise TypeError(f"{type(self).__name__} is not registered with register_subclass")
-        return {"type": type_name, **dataclasses.asdict(self)}
+        return to_dict(self)
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``config.json`` into ``directory`` (created if needed)."""
@@ -191,7 +169,12 @@ class PreTrainedConfig:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> PreTrainedConfig:
-        """Read ``config.json`` from ``directory`` and build the config class named by its type."""
+        """Read ``config.json`` from ``directory`` and build the config class named by its type.
+
+        Keys this version does not know (a field of another LeRobot release) are kept and written
+        back; values are checked as flags are (ValueError naming the key)."""
+        from lerobot_pipe.configs.parser import ConfigError, from_dict
+
         path = Path(directory) / CONFIG_NAME
         if not path.is_file():
             raise FileNotFoundError(f"no {CONFIG_NAME} in {directory}")
@@ -200,14 +183,14 @@ class PreTrainedConfig:
             raise ValueError(f"{path} must hold a JSON object")
         if "type" not in data:
             raise ValueError(f"{path} has no 'type' key; known types: {cls.known_choices()}")
-        choice = cls.get_choice_class(data.pop("type"))
-        if not issubclass(choice, cls):
-            raise ValueError(f"{path} holds a {choice.type!r} config, not a {cls.__name__}")
-        known = {f.name for f in dataclasses.fields(choice) if f.init}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path} has unknown keys for policy type {choice.type!r}: {unknown}")
-        return choice(**data)
+        try:
+            config = from_dict(PreTrainedConfig, data, "policy.", lenient=True)
+        except ConfigError as e:
+            raise ValueError(f"{path}: {e}") from None
+        if not isinstance(config, cls):
+            raise ValueError(f"{path} holds a {config.type!r} config, not a {cls.__name__}")
+        config.__post_init__()
+        return config
 
 
 def dataset_to_policy_features(info_features: dict) -> dict[str, dict]:
@@ -330,6 +313,18 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
         policy.to(map_location)
         policy.eval()
         return policy
+
+    def get_optim_params(self) -> list[dict]:
+        """The optimizer's parameter groups (LeRobot's hook): one group of the trainable
+        parameters unless a policy trains parts at their own learning rate."""
+        return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+
+    def loss_normalizers(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Integer denominators of the loss terms that average over a count other than the batch
+        size (e.g. non-padded steps), counted on ``batch``; the trainer sums them over a whole
+        data-parallel batch and passes them back to ``forward(batch, normalizers=...)``. Empty
+        when every term is a mean over samples."""
+        return {}
 
     @abc.abstractmethod
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:

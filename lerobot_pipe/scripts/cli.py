@@ -78,13 +78,14 @@ def cmd_validate(argv: list[str]) -> int:
         "config valid for %d process(es): %s; effective batch %d",
         nproc * nnodes,
         plan.dims.describe(),
-        plan.cfg.resolved["effective_batch_size"],
+        plan.resolved["effective_batch_size"],
     )
     if plan.resume_from is not None:
         log.info("would resume from %s (step %d)", plan.resume_from, plan.start_step)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(to_dict(plan.cfg), indent=4) + "\n")
+        resolved = {**to_dict(plan.cfg), "resolved": plan.resolved}
+        Path(out).write_text(json.dumps(resolved, indent=4) + "\n")
     return 0
 
 

@@ -205,6 +205,55 @@ def unflatten_tensors(flat: dict[str, torch.Tensor]) -> dict:
     return tree
 
 
+def index_optimizer_state(osd: dict) -> tuple[dict[int, Any], list[dict]]:
+    """LeRobot's layout of a full optimizer state: parameters numbered in the optimizer's order
+    (group after group), ``state`` keyed by that number and ``params`` listing numbers."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in osd["param_groups"]:
+        numbers = [index.setdefault(fqn, len(index)) for fqn in group["params"]]
+        groups.append({**group, "params": numbers})
+    return {index[fqn]: value for fqn, value in osd["state"].items()}, groups
+
+
+def named_optimizer_state(state: dict, saved_groups: list[dict], current: dict) -> dict:
+    """The saved optimizer state keyed by parameter name, for ``set_optimizer_state_dict``.
+
+    ``saved_groups`` list parameter numbers (LeRobot's layout) or names (the sharded layout and
+    lerobot_pipe's earlier one); ``current`` is this optimizer's own state dict, whose groups
+    name the parameters in order. Saved hyper-parameters (the lr a scheduler reached) win."""
+    current_groups = current["param_groups"]
+    names = [fqn for group in current_groups for fqn in group["params"]]
+    numbered = any(isinstance(p, int) for g in saved_groups for p in g["params"])
+    if numbered:
+        sizes = [len(g["params"]) for g in saved_groups]
+        expected = [len(g["params"]) for g in current_groups]
+        if sizes != expected:
+            raise CheckpointError(
+                f"the checkpoint's optimizer has parameter groups of sizes {sizes}, this policy's "
+                f"optimizer {expected}: it was written for another model or policy configuration"
+            )
+        by_number = dict(enumerate(names))
+        return {
+            "state": {by_number[int(k)]: v for k, v in state.items()},
+            "param_groups": [
+                {**saved, "params": [by_number[int(n)] for n in saved["params"]]}
+                for saved in saved_groups
+            ],
+        }
+    if [len(g["params"]) for g in saved_groups] == [len(g["params"]) for g in current_groups]:
+        return {"state": state, "param_groups": saved_groups}
+    # Grouping changed (lerobot_pipe before LeRobot's backbone group): keep this optimizer's
+    # groups, each with the hyper-parameters of the saved group that held its first parameter.
+    owner = {fqn: g for g in saved_groups for fqn in g["params"]}
+    regrouped = []
+    for group in current_groups:
+        saved = owner.get(group["params"][0], group) if group["params"] else group
+        regrouped.append({**saved, "params": group["params"]})
+    log.warning("the checkpoint's optimizer parameter groups differ from this run's; regrouped")
+    return {"state": state, "param_groups": regrouped}
+
+
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"missing checkpoint file: {path}")
@@ -217,45 +266,83 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
 # --------------------------------------------------------------------------- RNG
 
 
+# LeRobot's names (utils/random_utils.py); ``py_rng_gauss`` is ours: random.gauss's cached value,
+# which LeRobot drops and an exact resume needs. The main rank's state is stored under these flat
+# names, which LeRobot's load_rng_state reads; rank r > 0 under ``rank<r>/<name>``, which it ignores.
+_LEGACY_RNG_NAMES = {  # lerobot_pipe's names before the LeRobot layout
+    "python_version": "py_rng_version",
+    "python_state": "py_rng_state",
+    "python_gauss": "py_rng_gauss",
+    "numpy_keys": "np_rng_state_values",
+    "numpy_pos": "np_rng_state_index",
+    "numpy_has_gauss": "np_rng_has_gauss",
+    "numpy_gauss": "np_rng_cached_gaussian",
+    "torch": "torch_rng_state",
+    "cuda": "torch_cuda_rng_state",
+}
+
+
 def capture_rng_state() -> dict[str, torch.Tensor]:
     version, mt_state, gauss = random.getstate()
-    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     state = {
-        "python_version": torch.tensor(version),
-        "python_state": torch.tensor(mt_state, dtype=torch.int64),
-        "python_gauss": torch.tensor(float("nan") if gauss is None else gauss, dtype=torch.float64),
-        "numpy_keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
-        "numpy_pos": torch.tensor(np_pos),
-        "numpy_has_gauss": torch.tensor(np_has_gauss),
-        "numpy_gauss": torch.tensor(np_gauss, dtype=torch.float64),
-        "torch": torch.get_rng_state(),
+        "py_rng_version": torch.tensor([version], dtype=torch.int64),
+        "py_rng_state": torch.tensor(mt_state, dtype=torch.int64),
+        "py_rng_gauss": torch.tensor(
+            [float("nan") if gauss is None else gauss], dtype=torch.float64
+        ),
+        "np_rng_state_values": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+        "np_rng_state_index": torch.tensor([np_pos], dtype=torch.int64),
+        "np_rng_has_gauss": torch.tensor([np_has_gauss], dtype=torch.int64),
+        "np_rng_cached_gaussian": torch.tensor([np_gauss], dtype=torch.float64),
+        "torch_rng_state": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
+        state["torch_cuda_rng_state"] = torch.cuda.get_rng_state()
     return state
 
 
 def restore_rng_state(state: dict[str, torch.Tensor]) -> None:
-    gauss = state["python_gauss"].item()
+    gauss = float(state["py_rng_gauss"].reshape(-1)[0]) if "py_rng_gauss" in state else None
     random.setstate(
         (
-            int(state["python_version"].item()),
-            tuple(int(v) for v in state["python_state"].tolist()),
-            None if np.isnan(gauss) else gauss,
+            int(state["py_rng_version"].reshape(-1)[0]),
+            tuple(int(v) for v in state["py_rng_state"].tolist()),
+            None if gauss is None or np.isnan(gauss) else gauss,
         )
     )
     np.random.set_state(
         (
             "MT19937",
-            state["numpy_keys"].numpy().astype(np.uint32),
-            int(state["numpy_pos"].item()),
-            int(state["numpy_has_gauss"].item()),
-            float(state["numpy_gauss"].item()),
+            state["np_rng_state_values"].numpy().astype(np.uint32),
+            int(state["np_rng_state_index"].reshape(-1)[0]),
+            int(state["np_rng_has_gauss"].reshape(-1)[0]),
+            float(state["np_rng_cached_gaussian"].reshape(-1)[0]),
         )
     )
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+    torch.set_rng_state(state["torch_rng_state"])
+    if "torch_cuda_rng_state" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["torch_cuda_rng_state"])
+
+
+def flatten_rng_states(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Every rank's RNG state in one flat dict: the main rank's under LeRobot's names."""
+    flat = dict(states[0])
+    for rank, state in enumerate(states[1:], start=1):
+        flat.update({f"rank{rank}/{k}": v for k, v in state.items()})
+    return flat
+
+
+def rank_rng_state(flat: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """One rank's state from :func:`flatten_rng_states` output (or the earlier per-rank layout);
+    empty when the file holds none for ``rank``."""
+    prefix = f"rank{rank}/"
+    mine = {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
+    if mine and "python_version" in mine:  # lerobot_pipe's earlier names
+        return {_LEGACY_RNG_NAMES[k]: v for k, v in mine.items() if k in _LEGACY_RNG_NAMES}
+    if rank == 0 and not mine:
+        return {k: v for k, v in flat.items() if "/" not in k}
+    return mine
 
 
 # --------------------------------------------------------------------------- save
@@ -336,9 +423,10 @@ def save_checkpoint(
         param_groups = osd["param_groups"]
     else:
         osd = gather_full_optimizer_state(model, optimizer)  # empty on ranks other than 0
-        param_groups = osd.get("param_groups")
+        param_groups = None
         if ctx.is_main:
-            save_file(flatten_tensors(osd["state"]), training_state / C.OPTIMIZER_STATE)
+            state, param_groups = index_optimizer_state(osd)
+            save_file(flatten_tensors({"state": state}), training_state / C.OPTIMIZER_STATE)
     del osd
     fault_point("save:after_optimizer")
 
@@ -347,10 +435,7 @@ def save_checkpoint(
     if ctx.is_main:
         write_json_atomic(training_state / C.OPTIMIZER_PARAM_GROUPS, param_groups)
         fault_point("save:after_param_groups")
-        flat_rng = {}
-        for rank, state in enumerate(rng_states):
-            flat_rng.update({f"rank{rank}/{k}": v for k, v in state.items()})
-        save_file(flat_rng, training_state / C.RNG_STATE)
+        save_file(flatten_rng_states(rng_states), training_state / C.RNG_STATE)
         fault_point("save:after_rng")
         if scheduler is not None:
             write_json_atomic(training_state / C.SCHEDULER_STATE, scheduler.state_dict())
@@ -596,9 +681,10 @@ def load_checkpoint(
         set_optimizer_state_dict(model, optimizer, osd)
     else:
         groups = read_json_file(training_state / C.OPTIMIZER_PARAM_GROUPS)
+        current = get_optimizer_state_dict(model, optimizer)
         if is_main or not distributed:
             state = unflatten_tensors(load_safetensors(training_state / C.OPTIMIZER_STATE))
-            full_osd = {"state": state, "param_groups": groups}
+            full_osd = named_optimizer_state(state.get("state", state), groups, current)
         else:
             full_osd = {}
         _set_optimizer_full(model, optimizer, full_osd, distributed)
@@ -655,17 +741,13 @@ def _set_optimizer_full(
 
 def _restore_rank_rng(path: Path, rank: int, world_size: int, info: dict) -> bool:
     flat = load_safetensors(path)
-    saved_world = info.get("world_size", info.get("dp_world_size"))
-    prefix = f"rank{rank}/"
-    mine = {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
+    saved_world = info.get("world_size", info.get("num_processes", info.get("dp_world_size")))
+    mine = rank_rng_state(flat, rank)
     if not mine:
-        # More ranks than were saved: start from rank 0's state, then decorrelate this rank.
-        mine = {k[len("rank0/") :]: v for k, v in flat.items() if k.startswith("rank0/")}
+        # More ranks than were saved: start from the main rank's state, then decorrelate.
+        mine = rank_rng_state(flat, 0)
         if not mine:
-            log.warning(
-                "%s holds no per-rank RNG state (not written by lerobot_pipe): RNG starts fresh",
-                path,
-            )
+            log.warning("%s holds no RNG state: RNG starts fresh", path)
             return False
         restore_rng_state(mine)
         torch.manual_seed(int(torch.randint(0, 2**62, (1,)).item()) + rank)

@@ -1,61 +1,126 @@
-"""Optimizer and LR scheduler from the config (the policy's preset fills unset values)."""
+"""Optimizer and LR scheduler from their configs, with LeRobot's arithmetic.
+
+The schedulers are ``LambdaLR`` multipliers of each group's lr, stepped once per loop step, with
+LeRobot's formulas, so the same flags give the same learning rates and a scheduler_state.json
+moves between the two.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from lerobot_pipe.configs.train import OptimizerConfig, SchedulerConfig
-from lerobot_pipe.policies.pretrained import PreTrainedConfig
+from lerobot_pipe.configs.optim import (
+    AdamConfig,
+    AdamWConfig,
+    ConstantWithWarmupSchedulerConfig,
+    CosineAnnealingWithWarmupSchedulerConfig,
+    CosineDecayWithWarmupSchedulerConfig,
+    DiffuserSchedulerConfig,
+    OptimizerConfig,
+    SchedulerConfig,
+    SGDConfig,
+)
+from lerobot_pipe.configs.parser import ConfigError
+
+log = logging.getLogger(__name__)
 
 
-def resolve_optimizer(cfg: OptimizerConfig, policy_cfg: PreTrainedConfig) -> OptimizerConfig:
-    """Fill unset lr / weight_decay from the policy's training preset (in place)."""
-    preset = policy_cfg.get_optimizer_preset()
-    if cfg.lr is None:
-        cfg.lr = float(preset["lr"])
-    if cfg.weight_decay is None:
-        cfg.weight_decay = float(preset.get("weight_decay", 0.0))
-    return cfg
-
-
-def make_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    params = [p for p in params if p.requires_grad]
-    if cfg.type == "adamw":
-        return torch.optim.AdamW(
-            params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+def make_optimizer(param_groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """``param_groups`` as ``policy.get_optim_params()`` returns them (a group's own ``lr`` wins)."""
+    if isinstance(cfg, AdamWConfig | AdamConfig):
+        cls = torch.optim.AdamW if isinstance(cfg, AdamWConfig) else torch.optim.Adam
+        return cls(
+            param_groups,
+            lr=cfg.lr,
+            betas=tuple(cfg.betas),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
         )
-    if cfg.type == "adam":
-        return torch.optim.Adam(
-            params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+    if isinstance(cfg, SGDConfig):
+        return torch.optim.SGD(
+            param_groups,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            dampening=cfg.dampening,
+            nesterov=cfg.nesterov,
+            weight_decay=cfg.weight_decay,
         )
-    return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    raise ConfigError(f"--optimizer.type={cfg.type}: not supported")
+
+
+def _constant_with_warmup(warmup: int):
+    def multiplier(step: int) -> float:
+        return step / max(1, warmup) if step < warmup else 1.0
+
+    return multiplier
+
+
+def _cosine_annealing_with_warmup(warmup: int, total_steps: int):
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    return multiplier
+
+
+def _cosine_decay_with_warmup(cfg: CosineDecayWithWarmupSchedulerConfig, total_steps: int):
+    warmup, decay = cfg.num_warmup_steps, cfg.num_decay_steps
+    if total_steps < decay:  # LeRobot scales both phases into a shorter run
+        scale = total_steps / decay
+        warmup, decay = int(warmup * scale), total_steps
+        log.info("LR schedule scaled to %d steps: warmup %d, decay %d", total_steps, warmup, decay)
+    floor = cfg.decay_lr / cfg.peak_lr
+
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            if step <= 0:
+                return 1 / (warmup + 1)
+            return (1 / (warmup + 1) - 1) * (1 - step / warmup) + 1
+        cosine = 0.5 * (1 + math.cos(math.pi * min(step, decay) / decay))
+        return (1 - floor) * cosine + floor
+
+    return multiplier
+
+
+def check_diffuser_schedule(cfg: DiffuserSchedulerConfig) -> None:
+    """Fail before launch when diffusers (which provides these schedules) is missing."""
+    try:
+        from diffusers.optimization import SchedulerType
+    except ImportError:
+        raise ConfigError(
+            "--scheduler.type=diffuser needs the diffusers package: pip install diffusers"
+        ) from None
+    names = [t.value for t in SchedulerType]
+    if cfg.name not in names:
+        raise ConfigError(f"--scheduler.name={cfg.name!r}: choose one of {', '.join(names)}")
 
 
 def make_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, total_steps: int
+    optimizer: torch.optim.Optimizer, cfg: SchedulerConfig | None, total_steps: int
 ) -> LambdaLR | None:
-    """Steps once per loop step. Warmup is linear from 0; cosine decays to ``decay_lr``."""
-    if cfg.type is None:
+    if cfg is None:
         return None
-    warmup = cfg.num_warmup_steps
-    decay_steps = cfg.num_decay_steps or total_steps
-    peak = optimizer.param_groups[0]["lr"]
-    floor = cfg.decay_lr / peak if peak > 0 else 0.0
+    if isinstance(cfg, DiffuserSchedulerConfig):
+        from diffusers.optimization import get_scheduler
 
-    def constant_with_warmup(step: int) -> float:
-        return min(1.0, (step + 1) / (warmup + 1)) if warmup else 1.0
-
-    def cosine_decay_with_warmup(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / (warmup + 1)
-        progress = min(1.0, (step - warmup) / max(1, decay_steps - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    schedule = {
-        "constant_with_warmup": constant_with_warmup,
-        "cosine_decay_with_warmup": cosine_decay_with_warmup,
-    }
-    return LambdaLR(optimizer, schedule[cfg.type])
+        return get_scheduler(
+            cfg.name,
+            optimizer=optimizer,
+            num_warmup_steps=cfg.num_warmup_steps,
+            num_training_steps=total_steps,
+        )
+    if isinstance(cfg, ConstantWithWarmupSchedulerConfig):
+        multiplier = _constant_with_warmup(cfg.num_warmup_steps or 0)
+    elif isinstance(cfg, CosineAnnealingWithWarmupSchedulerConfig):
+        multiplier = _cosine_annealing_with_warmup(cfg.num_warmup_steps or 0, total_steps)
+    elif isinstance(cfg, CosineDecayWithWarmupSchedulerConfig):
+        multiplier = _cosine_decay_with_warmup(cfg, total_steps)
+    else:
+        raise ConfigError(f"--scheduler.type={cfg.type}: not supported")
+    return LambdaLR(optimizer, multiplier)

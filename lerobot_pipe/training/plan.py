@@ -16,26 +16,25 @@ from datetime import datetime
 from pathlib import Path
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.configs.optim import CosineDecayWithWarmupSchedulerConfig
 from lerobot_pipe.configs.parser import (
     ConfigError,
+    apply_flags,
     from_dict,
-    policy_config_class,
     read_json,
-    set_field,
     split_flags,
 )
 from lerobot_pipe.configs.train import (
     CHECKPOINT_FORMATS,
     MIXED_PRECISION_CHOICES,
-    OPTIMIZER_TYPES,
     PEFT_METHODS,
-    SCHEDULER_TYPES,
     TrainConfig,
 )
 from lerobot_pipe.datasets import DatasetError, LeRobotDataset, resolve_dataset_root
 from lerobot_pipe.distributed.env_guard import AccelerateEnvError, check_accelerate_env
 from lerobot_pipe.distributed.parallel_dims import ParallelDims, resolve_parallelism
 from lerobot_pipe.policies import factory  # noqa: F401 - registers the policy types
+from lerobot_pipe.policies.hub import local_policy_folder
 from lerobot_pipe.policies.pretrained import PreTrainedConfig
 from lerobot_pipe.training.checkpoint import (
     CheckpointError,
@@ -66,85 +65,101 @@ class TrainingPlan:
     def start_step(self) -> int:
         return self.resume_info["step"] if self.resume_info else 0
 
-
-def resolve_policy_path(path: str) -> Path:
-    """A local policy folder, or a Hub repo id downloaded through huggingface_hub."""
-    local = step_dir_from_path(path)
-    if (local / C.PRETRAINED_MODEL_DIR).is_dir():
-        local = local / C.PRETRAINED_MODEL_DIR
-    if local.is_dir():
-        if not (local / C.CONFIG_NAME).is_file():
-            raise ConfigError(f"--policy.path={path}: no {C.CONFIG_NAME} in {local}")
-        return local
-    if path.startswith((".", "/")) or path.count("/") != 1:
-        raise ConfigError(
-            f"--policy.path={path}: no such folder, and not a Hub repo id (namespace/name)"
-        )
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(
-            snapshot_download(
-                path,
-                repo_type="model",
-                allow_patterns=["*.json", "*.safetensors", "*.md", "*.yaml"],
-            )
-        )
-    except Exception as e:  # noqa: BLE001 - any network or Hub error
-        raise ConfigError(
-            f"--policy.path={path}: not a local folder and the Hub download failed: {e}"
-        ) from None
+    @property
+    def resolved(self) -> dict:
+        """What the config resolved to for the launched world size (training_step.json and
+        the pipeline's resolved_train_config.json record it)."""
+        return {
+            "world_size": self.dims.world_size,
+            "parallelism": self.dims.to_dict(),
+            "mixed_precision": self.cfg.accelerator.mixed_precision,
+            "dataset_root": str(self.dataset.root),
+            "effective_batch_size": self.cfg.batch_size
+            * self.dims.dp_world_size
+            * self.cfg.accelerator.gradient_accumulation.steps,
+        }
 
 
 def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
-    """Flags -> TrainConfig. ``--config_path`` loads a train_config.json first; flags override it.
-    Returns the config and the checkpoint step folder ``--config_path`` pointed into (if any)."""
+    """Flags -> TrainConfig. ``--config_path`` (a train_config.json, a checkpoint folder or its
+    pretrained_model/, or a Hub repo id holding ``checkpoints/<step>/``) loads a saved config
+    first; flags override it, ``--field=null`` resets a field to its default. Returns the config
+    and the checkpoint step folder ``--config_path`` pointed into (if any)."""
     flags = split_flags(argv)
     config_path = flags.pop("config_path", None)
     source_step: Path | None = None
     if config_path is not None:
-        path = Path(config_path)
-        if path.is_dir():
-            step = step_dir_from_path(path)
-            path = step / C.PRETRAINED_MODEL_DIR / C.TRAIN_CONFIG_NAME
-            if not path.is_file():
-                path = Path(config_path) / C.TRAIN_CONFIG_NAME
+        path = _config_file(config_path, flags.get("output_dir"))
         data = read_json(path, "--config_path")
-        data.pop("resolved", None)
-        cfg = from_dict(TrainConfig, data)
+        cfg = from_dict(TrainConfig, _upgrade_legacy(data), lenient=True)
         if path.parent.name == C.PRETRAINED_MODEL_DIR:
             source_step = path.parent.parent
     else:
         cfg = TrainConfig()
 
-    policy_type = flags.pop("policy.type", None)
     policy_path = flags.pop("policy.path", None)
     if policy_path is not None:
-        local = resolve_policy_path(policy_path)
+        revision = flags.get("policy.pretrained_revision")
         try:
-            cfg.policy = PreTrainedConfig.from_pretrained(local)
+            local = local_policy_folder(policy_path, revision=revision)
+            loaded = PreTrainedConfig.from_pretrained(local)
         except (ValueError, OSError) as e:
             raise ConfigError(f"--policy.path={policy_path}: {e}") from None
-        cfg.policy.pretrained_path = str(local)
-    if policy_type is not None and (cfg.policy is None or cfg.policy.type != policy_type):
-        if policy_path is not None:
+        policy_type = flags.get("policy.type")
+        if policy_type is not None and policy_type != loaded.type:
             raise ConfigError(
                 f"--policy.type={policy_type} contradicts --policy.path={policy_path} "
-                f"(a {cfg.policy.type} policy); drop one of them"
+                f"(a {loaded.type} policy); drop one of them"
             )
-        cfg.policy = policy_config_class(policy_type)()
-    for key, value in flags.items():
-        if key.startswith("policy.") and cfg.policy is None:
-            raise ConfigError(
-                f"--{key}: pass --policy.type (e.g. --policy.type=act) before policy fields"
-            )
-        set_field(cfg, key.split("."), value, key)
+        cfg.policy = loaded
+        cfg.policy.pretrained_path = str(local)
+    apply_flags(cfg, flags)
     if cfg.policy is not None:
         try:
             cfg.policy.__post_init__()
         except ValueError as e:
             raise ConfigError(f"--policy.*: {e}") from None
     return cfg, source_step
+
+
+def _upgrade_legacy(data: dict) -> dict:
+    """lerobot_pipe's train_config.json before it was LeRobot's: ``resolved`` beside the config,
+    disabled groups as objects with a null choice, optimizer values null for the preset."""
+    data = dict(data)
+    data.pop("resolved", None)
+    if isinstance(data.get("scheduler"), dict) and data["scheduler"].get("type") is None:
+        data["scheduler"] = None
+    if isinstance(data.get("peft"), dict) and data["peft"].get("method_type", "LORA") is None:
+        data["peft"] = None
+    optimizer = data.get("optimizer")
+    if isinstance(optimizer, dict) and None in (optimizer.get("lr"), optimizer.get("weight_decay")):
+        data["optimizer"] = None
+    return data
+
+
+def _config_file(config_path: str, output_dir: str | None) -> Path:
+    """The train_config.json that --config_path names. A Hub repo id (LeRobot's
+    ``--save_checkpoint_to_hub`` layout) has its newest ``checkpoints/<step>/`` downloaded into
+    the run's output folder first, as LeRobot does."""
+    path = Path(config_path)
+    if path.is_dir():
+        step = step_dir_from_path(path)
+        candidate = step / C.PRETRAINED_MODEL_DIR / C.TRAIN_CONFIG_NAME
+        return candidate if candidate.is_file() else path / C.TRAIN_CONFIG_NAME
+    if path.exists() or config_path.startswith((".", "/")) or config_path.count("/") != 1:
+        return path
+    from lerobot_pipe.policies.hub import download_latest_checkpoint
+
+    if output_dir is None:
+        raise ConfigError(
+            f"--config_path={config_path}: resuming from a Hub repository needs --output_dir "
+            "(where its newest checkpoint is downloaded and the run continues)"
+        )
+    try:
+        step_dir = download_latest_checkpoint(config_path, Path(output_dir))
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"--config_path={config_path}: {e}") from None
+    return step_dir / C.PRETRAINED_MODEL_DIR / C.TRAIN_CONFIG_NAME
 
 
 def _positive(name: str, value: int | float) -> None:
@@ -180,21 +195,8 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"--seed={cfg.seed}: must be >= 0")
     _choice("checkpoint_format", cfg.checkpoint_format, CHECKPOINT_FORMATS)
     _choice("accelerator.mixed_precision", cfg.accelerator.mixed_precision, MIXED_PRECISION_CHOICES)
-    _choice("optimizer.type", cfg.optimizer.type, OPTIMIZER_TYPES)
-    if cfg.optimizer.lr is not None:
-        _positive("optimizer.lr", cfg.optimizer.lr)
-    if cfg.optimizer.weight_decay is not None and cfg.optimizer.weight_decay < 0:
-        raise ConfigError(f"--optimizer.weight_decay={cfg.optimizer.weight_decay}: must be >= 0")
-    if cfg.optimizer.grad_clip_norm < 0:
-        raise ConfigError(
-            f"--optimizer.grad_clip_norm={cfg.optimizer.grad_clip_norm}: must be >= 0"
-        )
-    if cfg.scheduler.type is not None:
-        _choice("scheduler.type", cfg.scheduler.type, SCHEDULER_TYPES)
-    if cfg.scheduler.num_warmup_steps < 0:
-        raise ConfigError(
-            f"--scheduler.num_warmup_steps={cfg.scheduler.num_warmup_steps}: must be >= 0"
-        )
+    _validate_optimization(cfg)
+    _refuse_unbuilt(cfg)
     ga = cfg.accelerator.gradient_accumulation.steps
     _positive("accelerator.gradient_accumulation.steps", ga)
     if cfg.save_freq % ga:
@@ -207,15 +209,25 @@ def validate_config(cfg: TrainConfig) -> None:
             f"--steps={cfg.steps} must be a multiple of --accelerator.gradient_accumulation.steps={ga} "
             "(--steps counts micro-batches; the last one must end an optimizer update)"
         )
-    if cfg.peft.method_type is not None:
+    if cfg.peft is not None:
         _choice("peft.method_type", cfg.peft.method_type, PEFT_METHODS)
         _positive("peft.r", cfg.peft.r)
         if not cfg.policy.pretrained_path:
             raise ConfigError(
                 "--peft.* fine-tunes a pretrained policy: pass --policy.path=<base policy>"
             )
+        if cfg.policy.use_peft and not cfg.resume:
+            raise ConfigError(
+                f"--policy.path={cfg.policy.pretrained_path} holds LoRA adapters already: continue "
+                "that run with --resume=true, or drop --peft.* to fine-tune the merged policy"
+            )
         if not 0 <= cfg.peft.lora_dropout < 1:
             raise ConfigError(f"--peft.lora_dropout={cfg.peft.lora_dropout}: must be in [0, 1)")
+    if cfg.rename_map and not cfg.policy.pretrained_path:
+        raise ConfigError(
+            "--rename_map renames a dataset's keys onto those a pretrained policy expects: it "
+            "needs --policy.path (a fresh policy takes its feature names from the dataset)"
+        )
     if cfg.policy.push_to_hub and not cfg.policy.repo_id:
         raise ConfigError("--policy.push_to_hub=true needs --policy.repo_id=<namespace/name>")
     if cfg.job_name is not None and ("/" in cfg.job_name or cfg.job_name.startswith(".")):
@@ -229,6 +241,102 @@ def validate_config(cfg: TrainConfig) -> None:
             raise ConfigError(
                 "--trackio.enable=true needs the trackio package: pip install 'lerobot_pipe[trackio]'"
             ) from None
+
+
+def _validate_optimization(cfg: TrainConfig) -> None:
+    """LeRobot's rule: with ``use_policy_training_preset`` (the default) a new run trains with the
+    policy's optimizer and scheduler presets; without it both must be given."""
+    if cfg.use_policy_training_preset and (not cfg.resume or cfg.optimizer is None):
+        if not cfg.resume and (cfg.optimizer is not None or cfg.scheduler is not None):
+            log.warning(
+                "--optimizer.* / --scheduler.* are replaced by the policy's presets because "
+                "--use_policy_training_preset=true (LeRobot's rule); set the policy's own fields "
+                "(e.g. --policy.optimizer_lr) or pass --use_policy_training_preset=false"
+            )
+        cfg.optimizer = cfg.policy.get_optimizer_preset()
+        cfg.scheduler = cfg.policy.get_scheduler_preset()
+    elif cfg.optimizer is None:
+        raise ConfigError(
+            "--use_policy_training_preset=false needs --optimizer.type (adam, adamw, sgd) and "
+            "--scheduler.type (e.g. constant_with_warmup)"
+        )
+    elif cfg.scheduler is None and not cfg.resume:
+        raise ConfigError(
+            "--use_policy_training_preset=false needs --scheduler.type too (LeRobot's rule); "
+            "--scheduler.type=constant_with_warmup --scheduler.num_warmup_steps=0 keeps the lr"
+        )
+    opt = cfg.optimizer
+    _positive("optimizer.lr", opt.lr)
+    if opt.weight_decay < 0:
+        raise ConfigError(f"--optimizer.weight_decay={opt.weight_decay}: must be >= 0")
+    if opt.grad_clip_norm < 0:
+        raise ConfigError(f"--optimizer.grad_clip_norm={opt.grad_clip_norm}: must be >= 0")
+    sched = cfg.scheduler
+    if sched is None:
+        return
+    if sched.num_warmup_steps is not None and sched.num_warmup_steps < 0:
+        raise ConfigError(f"--scheduler.num_warmup_steps={sched.num_warmup_steps}: must be >= 0")
+    if isinstance(sched, CosineDecayWithWarmupSchedulerConfig):
+        for name in ("num_warmup_steps", "num_decay_steps", "peak_lr", "decay_lr"):
+            if getattr(sched, name) is None:
+                raise ConfigError(
+                    f"--scheduler.{name} is required by --scheduler.type={sched.type}"
+                )
+        _positive("scheduler.num_decay_steps", sched.num_decay_steps)
+        _positive("scheduler.peak_lr", sched.peak_lr)
+    if sched.type == "diffuser":
+        from lerobot_pipe.training.optim import check_diffuser_schedule
+
+        check_diffuser_schedule(sched)
+
+
+def _refuse_unbuilt(cfg: TrainConfig) -> None:
+    """LeRobot fields whose behaviour lerobot_pipe does not build: their defaults are accepted
+    (and kept in train_config.json); a value asking for the missing behaviour is refused."""
+    unbuilt = [
+        (
+            "env",
+            cfg.env is not None,
+            "simulation environments are not run here; evaluate a "
+            "checkpoint with LeRobot's lerobot-eval",
+        ),
+        ("reward_model", cfg.reward_model is not None, "reward-model training is not built"),
+        ("sample_weighting", cfg.sample_weighting is not None, "sample weighting is not built"),
+        (
+            "wandb.enable",
+            cfg.wandb.enable,
+            "W&B logging is not built; use --trackio.enable=true "
+            "(Hugging Face's offline-capable tracker)",
+        ),
+        (
+            "job.target",
+            cfg.job.target not in (None, "local"),
+            "HF Jobs submission is not built; "
+            "run the pipeline under SLURM (workflow/profiles/slurm) instead",
+        ),
+        (
+            "dataset.streaming",
+            cfg.dataset.streaming,
+            "streaming datasets are not built; pass "
+            "--dataset.repo_id to download the episodes once",
+        ),
+        (
+            "dataset.repo_type",
+            cfg.dataset.repo_type != "dataset",
+            "only dataset repositories (repo_type=dataset) are read",
+        ),
+        ("dataset.eval_split", cfg.dataset.eval_split != 0.0, "held-out evaluation is not built"),
+        ("eval_steps", cfg.eval_steps != 0, "held-out evaluation is not built"),
+        (
+            "save_checkpoint_to_hub",
+            cfg.save_checkpoint_to_hub,
+            "push checkpoints with the "
+            "pipeline's publish stage (publish.steps: all) or lerobot-convert-dcp --push_to_hub",
+        ),
+    ]
+    for flag, asked, why in unbuilt:
+        if asked:
+            raise ConfigError(f"--{flag}: {why}")
 
 
 def default_output_dir(cfg: TrainConfig) -> Path:
@@ -274,12 +382,15 @@ def make_plan(
     acknowledged = check_accelerate_env(env)
     cfg, source_step = parse_train_config(argv)
     validate_config(cfg)
+    if cfg.policy.use_amp and cfg.accelerator.mixed_precision == "no":
+        # LeRobot's use_amp: torch.autocast's default dtype of the device (fp16 CUDA, bf16 CPU).
+        import torch
+
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        autocast = torch.get_autocast_dtype(device_type)
+        cfg.accelerator.mixed_precision = "fp16" if autocast == torch.float16 else "bf16"
     dims = resolve_parallelism(cfg.parallelism, world_size)
-    if (
-        cfg.peft.method_type is not None
-        and cfg.checkpoint_format != "safetensors"
-        and not dims.is_sharded
-    ):
+    if cfg.peft is not None and cfg.checkpoint_format != "safetensors" and not dims.is_sharded:
         raise ConfigError(
             "--checkpoint_format=dcp needs a sharded run (--parallelism.dp_shard > 1) with PEFT"
         )
@@ -320,14 +431,6 @@ def make_plan(
             len(dataset),
             cfg.batch_size * dims.dp_world_size,
         )
-    cfg.resolved = {
-        "world_size": world_size,
-        "parallelism": dims.to_dict(),
-        "dataset_root": str(dataset_root),
-        "effective_batch_size": cfg.batch_size
-        * dims.dp_world_size
-        * cfg.accelerator.gradient_accumulation.steps,
-    }
     return TrainingPlan(
         cfg=cfg,
         dims=dims,
@@ -371,7 +474,7 @@ def check_policy_plan(cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotData
     policy_cls = get_policy_class(cfg.policy.type)
     with torch.device("meta"):
         model = policy_cls(cfg.policy)
-        if cfg.peft.method_type is not None:
+        if cfg.peft is not None:
             try:
                 model = apply_peft(model, cfg.peft, cfg.policy.pretrained_path)
             except ValueError as e:

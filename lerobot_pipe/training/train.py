@@ -9,6 +9,7 @@ global batch of ``batch_size x dp_world_size`` samples; the optimizer updates ev
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -45,7 +46,12 @@ from lerobot_pipe.policies.peft import (
     write_adapter_config,
 )
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy
-from lerobot_pipe.processors import load_processors, make_pre_post_processors, save_processors
+from lerobot_pipe.processors import (
+    NormalizerProcessorStep,
+    PolicyProcessorPipeline,
+    RenameObservationsProcessorStep,
+    make_pre_post_processors,
+)
 from lerobot_pipe.training import faults
 from lerobot_pipe.training.checkpoint import (
     CheckpointContext,
@@ -53,7 +59,7 @@ from lerobot_pipe.training.checkpoint import (
     remove_stale_temporaries,
     save_checkpoint,
 )
-from lerobot_pipe.training.optim import make_optimizer, make_scheduler, resolve_optimizer
+from lerobot_pipe.training.optim import make_optimizer, make_scheduler
 from lerobot_pipe.training.plan import TrainingPlan
 
 log = logging.getLogger("lerobot_pipe.train")
@@ -88,6 +94,7 @@ def _training_step_record(plan: TrainingPlan, step: int, samples: int) -> dict:
     cfg, dims = plan.cfg, plan.dims
     return {
         "step": step,
+        "num_processes": dims.world_size,
         "samples_consumed": samples,
         "dp_world_size": dims.dp_world_size,
         "world_size": dims.world_size,
@@ -105,9 +112,9 @@ def _training_step_record(plan: TrainingPlan, step: int, samples: int) -> dict:
 def _explain_resume(plan: TrainingPlan, env: DistEnv) -> int:
     """Log what changed since the checkpoint; return the global sample position to continue at."""
     info = plan.resume_info
-    samples = int(
-        info.get("samples_consumed", info["step"] * info["batch_size"] * info["dp_world_size"])
-    )
+    # LeRobot's training_step.json has num_processes (its world size = dp world size).
+    saved_dp = info.get("dp_world_size", info.get("num_processes", 1))
+    samples = int(info.get("samples_consumed", info["step"] * info["batch_size"] * saved_dp))
     if not env.is_main:
         return samples
     old_topology = info.get("parallelism", {})
@@ -122,7 +129,7 @@ def _explain_resume(plan: TrainingPlan, env: DistEnv) -> int:
             "Topology changed since the checkpoint (%s); state is resharded on load",
             ", ".join(changes),
         )
-    old_global = info.get("global_batch_size", info["batch_size"] * info["dp_world_size"])
+    old_global = info.get("global_batch_size", info["batch_size"] * saved_dp)
     new_global = plan.cfg.batch_size * plan.dims.dp_world_size
     if old_global != new_global:
         log.warning(
@@ -148,11 +155,32 @@ def _write_pretrained_fn(plan: TrainingPlan, policy, trainee, pre, post):
         else:
             policy.config.save_pretrained(directory)
         faults.fault_point("save:after_model_file")
-        save_processors(directory, pre, post)
+        pre.save_pretrained(directory)
+        post.save_pretrained(directory)
         faults.fault_point("save:after_processors")
         (directory / C.TRAIN_CONFIG_NAME).write_text(json.dumps(to_dict(plan.cfg), indent=4) + "\n")
 
     return write
+
+
+def _loss_normalizers(
+    policy: PreTrainedPolicy, window: list[dict[str, torch.Tensor]], device: torch.device
+) -> dict:
+    """The ``normalizers`` keyword of the policy's forward for one optimizer update: each
+    ratio-of-sums loss term's denominator counted over every micro-batch of every rank, and the
+    number of (micro-batch, rank) shares it splits into. Dividing by total / shares instead of
+    by the local count makes the data-parallel, accumulated gradient the whole batch's. Integers
+    only, so that FSDP's mixed-precision input cast leaves them alone."""
+    counts = [policy.loss_normalizers(batch) for batch in window]
+    if not counts[0]:
+        return {}
+    names = sorted(counts[0])
+    totals = torch.stack([sum(c[n] for c in counts) for n in names]).to(device, torch.int64)
+    shares = len(window)
+    if dist.is_initialized():
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        shares *= dist.get_world_size()
+    return {"normalizers": {n: (totals[i], shares) for i, n in enumerate(names)}}
 
 
 def _reduce_mean(values: torch.Tensor) -> torch.Tensor:
@@ -228,6 +256,26 @@ class Session:
     samples: int  # global samples consumed before start_step
 
 
+def make_processors(
+    plan: TrainingPlan, device_type: str
+) -> tuple[PolicyProcessorPipeline, PolicyProcessorPipeline]:
+    """LeRobot's default pipelines for the policy, on ``device_type``, renaming with
+    ``--rename_map``. Statistics: a resumed run's own (saved in its checkpoint), else the
+    dataset's (also when fine-tuning with --policy.path, as LeRobot does)."""
+    cfg = plan.cfg
+    stats: dict = plan.dataset.stats
+    if plan.resume_from is not None:
+        saved, _ = make_pre_post_processors(
+            cfg.policy, pretrained_path=plan.resume_from / C.PRETRAINED_MODEL_DIR
+        )
+        stats = saved.step(NormalizerProcessorStep.registry_name).stats
+    pre, post = make_pre_post_processors(
+        dataclasses.replace(cfg.policy, device=device_type), dataset_stats=stats
+    )
+    pre.steps[0] = RenameObservationsProcessorStep(rename_map=cfg.rename_map)
+    return pre, post
+
+
 def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     """Build policy, processors, wrapping, optimizer, scheduler and scaler; restore a checkpoint
     when resuming (resharding onto this topology). Collective."""
@@ -237,25 +285,20 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         for path in remove_stale_temporaries(plan.output_dir):
             log.info("removed unfinished checkpoint write %s", path)
 
+    if cfg.cudnn_deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
     # The model is initialized identically on every rank; randomness after that is per rank.
     seed_everything(cfg.seed)
     policy = make_policy(cfg.policy, plan.dataset.features)
     policy.train()
-    if plan.resume_from is not None:
-        pre, post = load_processors(plan.resume_from / C.PRETRAINED_MODEL_DIR)
-    elif (
-        cfg.policy.pretrained_path
-        and (Path(cfg.policy.pretrained_path) / f"{C.POLICY_PREPROCESSOR_NAME}.json").is_file()
-    ):
-        pre, post = load_processors(cfg.policy.pretrained_path)
-    else:
-        pre, post = make_pre_post_processors(cfg.policy, plan.dataset.stats)
-    pre = pre.to(env.device)
+    pre, post = make_processors(plan, env.device.type)
     trainee: nn.Module = policy
     adapter_keys = None
-    if cfg.peft.method_type is not None:
+    if cfg.peft is not None:
         trainee = apply_peft(policy, cfg.peft, cfg.policy.pretrained_path)
         adapter_keys = adapter_key_map(trainee)
+        policy.config.use_peft = True  # config.json then tells LeRobot to load the adapter
     n_params = sum(p.numel() for p in trainee.parameters())
     n_trainable = sum(p.numel() for p in trainee.parameters() if p.requires_grad)
 
@@ -266,7 +309,8 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         else []
     )
     model = apply_parallelism(trainee, dims, env, cfg.accelerator, type(policy)._fsdp_wrap_modules)
-    optimizer = make_optimizer(model.parameters(), resolve_optimizer(cfg.optimizer, cfg.policy))
+    # Groups from the (in place sharded) policy itself: LeRobot's grouping and parameter order.
+    optimizer = make_optimizer(trainee.get_optim_params(), cfg.optimizer)
     scheduler = make_scheduler(optimizer, cfg.scheduler, cfg.steps)
     scaler = make_grad_scaler(env.device, dims, enabled=cfg.accelerator.mixed_precision == "fp16")
     seed_everything(cfg.seed + env.rank)
@@ -354,10 +398,14 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
     window_start, window_samples = time.perf_counter(), 0
     last_saved = None
     grad_norm = torch.zeros((), device=env.device)
+    window: list[dict[str, torch.Tensor]] = []
     try:
         for step in range(start_step + 1, cfg.steps + 1):
             faults.set_step(step)
-            batch = prefetcher.next()
+            if not window:  # the micro-batches of one optimizer update
+                window = [prefetcher.next() for _ in range(ga)]
+                loss_kwargs = _loss_normalizers(session.policy, window, env.device)
+            batch = window.pop(0)
             batch = pre({k: v.to(env.device, non_blocking=True) for k, v in batch.items()})
             sync = step % ga == 0
             if dims.is_sharded:
@@ -365,7 +413,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
             no_sync = model.no_sync() if (is_ddp and not sync) else contextlib.nullcontext()
             with no_sync:
                 with autocast:
-                    loss, _ = model(batch)
+                    loss, _ = model(batch, **loss_kwargs)
                 scaler.scale(loss / ga).backward()
             faults.fault_point("train:after_backward")
             if sync:

@@ -43,12 +43,85 @@ def test_config_path_then_flags_override(tmp_path):
     path.write_text(json.dumps({**to_dict(cfg), "resolved": {"world_size": 2}}))
     loaded, step = parse_train_config([f"--config_path={path}", "--steps=20"])
     assert loaded.steps == 20 and loaded.batch_size == 4 and loaded.policy.dim_model == 64
-    assert loaded.resolved is None and step is None
+    # lerobot_pipe's earlier files kept "resolved" beside the config: dropped, not kept.
+    assert "resolved" not in to_dict(loaded) and step is None
+
+
+def test_null_resets_a_field_to_its_default(tmp_path):
+    cfg, _ = parse_train_config(
+        [
+            "--policy.type=act",
+            "--parallelism.dp_replicate=2",
+            "--steps=5",
+            "--scheduler.type=diffuser",
+        ]
+    )
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(to_dict(cfg)))
+    loaded, _ = parse_train_config(
+        [
+            f"--config_path={path}",
+            "--parallelism.dp_replicate=null",
+            "--steps=null",
+            "--scheduler=null",
+        ]
+    )
+    assert loaded.parallelism.dp_replicate is None
+    assert loaded.steps == TrainConfig().steps
+    assert loaded.scheduler is None
+
+
+def test_choices_and_optional_groups():
+    cfg, _ = parse_train_config(
+        [
+            "--policy.type=act",
+            "--scheduler.num_warmup_steps=7",  # given before its type: types are set first
+            "--scheduler.type=cosine_decay_with_warmup",
+            "--optimizer.type=sgd",
+            "--optimizer.momentum=0.9",
+            "--peft.r=4",
+        ]
+    )
+    assert type(cfg.scheduler).__name__ == "CosineDecayWithWarmupSchedulerConfig"
+    assert cfg.scheduler.num_warmup_steps == 7
+    assert cfg.optimizer.type == "sgd" and cfg.optimizer.momentum == 0.9
+    assert cfg.peft.r == 4 and cfg.peft.method_type == "LORA"
+    assert to_dict(cfg)["scheduler"]["type"] == "cosine_decay_with_warmup"
+    with pytest.raises(ConfigError, match="pass --scheduler.type first"):
+        parse_train_config(["--policy.type=act", "--scheduler.num_warmup_steps=7"])
+    with pytest.raises(ConfigError, match="unknown optimizer type"):
+        parse_train_config(["--optimizer.type=lion"])
+
+
+def test_unknown_keys_of_a_file_are_kept(tmp_path):
+    cfg, _ = parse_train_config(["--policy.type=act"])
+    data = to_dict(cfg)
+    data["some_future_field"] = {"x": 1}
+    data["policy"]["another_one"] = 3
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(data))
+    loaded, _ = parse_train_config([f"--config_path={path}"])
+    again = to_dict(loaded)
+    assert again["some_future_field"] == {"x": 1} and again["policy"]["another_one"] == 3
+    # ... but a flag nobody knows is still an error.
+    with pytest.raises(ConfigError, match="--some_future_field: unknown flag"):
+        parse_train_config([f"--config_path={path}", "--some_future_field=1"])
+
+
+def test_extension_fields_are_written_only_when_set():
+    cfg, _ = parse_train_config(["--policy.type=act", "--peft.r=4"])
+    data = to_dict(cfg)
+    assert "trackio" not in data and "lora_dropout" not in data["peft"]
+    cfg, _ = parse_train_config(
+        ["--policy.type=act", "--peft.lora_dropout=0.1", "--trackio.enable=true"]
+    )
+    data = to_dict(cfg)
+    assert data["trackio"]["enable"] is True and data["peft"]["lora_dropout"] == 0.1
 
 
 def test_round_trip():
     cfg, _ = parse_train_config(
-        ["--policy.type=act", "--peft.method_type=LORA", "--trackio.enable=false"]
+        ["--policy.type=act", "--peft.method_type=LORA", "--trackio.enable=true"]
     )
     again = from_dict(TrainConfig, json.loads(json.dumps(to_dict(cfg))))
     assert to_dict(again) == to_dict(cfg)

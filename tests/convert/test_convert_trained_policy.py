@@ -13,7 +13,7 @@ from tiny import run_train, tiny_act_flags
 from lerobot_pipe.convert.dcp_to_safetensors import convert_checkpoint
 from lerobot_pipe.policies.act import ACTPolicy
 from lerobot_pipe.policies.peft import load_pretrained_policy
-from lerobot_pipe.processors import load_processors
+from lerobot_pipe.processors import make_pre_post_processors
 
 
 def _batch(dataset_root):
@@ -45,7 +45,7 @@ def trained(dataset_root, tmp_path_factory):
             f"--policy.path={base}",
             "--peft.method_type=LORA",
             "--peft.r=4",
-            "--optimizer.lr=1e-2",
+            "--policy.optimizer_lr=1e-2",
             f"--output_dir={root / 'peft'}",
         ],
     )
@@ -55,7 +55,7 @@ def trained(dataset_root, tmp_path_factory):
 def _predict(policy, pre, post, batch):
     policy.eval()
     with torch.no_grad():
-        return post({"action": policy.predict_action_chunk(pre(batch))})["action"]
+        return post(policy.predict_action_chunk(pre(batch)))
 
 
 def test_converted_policy_predicts_like_the_trained_one(trained, dataset_root, tmp_path):
@@ -66,7 +66,7 @@ def test_converted_policy_predicts_like_the_trained_one(trained, dataset_root, t
     converted = load_file(out / "model.safetensors")
     assert converted.keys() == gathered.keys()
     assert all(torch.equal(converted[k], gathered[k]) for k in gathered)
-    pre, post = load_processors(out)
+    pre, post = make_pre_post_processors(ACTPolicy.config_class(), pretrained_path=out)
     batch = _batch(dataset_root)
     reference = ACTPolicy.from_pretrained(step / "pretrained_model")
     assert torch.equal(
@@ -83,7 +83,7 @@ def test_converted_peft_adapter_equals_the_trainers_and_merges(trained, dataset_
     converted = load_file(out / "adapter_model.safetensors")
     assert converted.keys() == written.keys()
     assert all(torch.equal(converted[k], written[k]) for k in written)
-    pre, post = load_processors(out)
+    pre, post = make_pre_post_processors(ACTPolicy.config_class(), pretrained_path=out)
     batch = _batch(dataset_root)
     merged = load_pretrained_policy(out)
     base = ACTPolicy.from_pretrained(trained / "plain/checkpoints/000003/pretrained_model")

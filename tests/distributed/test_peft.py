@@ -58,7 +58,7 @@ def _peft_flags(dataset_root, base, out, batch):
                 "steps": 4,
                 "save_freq": 4,
                 "batch_size": batch,
-                "optimizer.lr": 1e-2,
+                "policy.optimizer_lr": 1e-2,
             }
         ),
         f"--policy.path={base}",

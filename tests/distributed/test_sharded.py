@@ -9,7 +9,7 @@ import pytest
 import torch
 from launch import run_distributed
 from safetensors.torch import load_file
-from tiny import DETERMINISTIC, losses, tiny_act_flags
+from tiny import DETERMINISTIC, WITH_SCHEDULER, losses, tiny_act_flags
 
 from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
@@ -17,6 +17,7 @@ from lerobot_pipe.training.checkpoint import (
     flatten_tensors,
     gather_full_model_state,
     gather_full_optimizer_state,
+    index_optimizer_state,
 )
 from lerobot_pipe.training.plan import make_plan
 from lerobot_pipe.training.train import prepare_session, run_loop
@@ -67,9 +68,9 @@ def train_and_inspect(argv: list[str]) -> dict | None:
         # Copies: without a process group these are views of the live tensors.
         model_state = {k: v.clone() for k, v in gather_full_model_state(session.model).items()}
         optim_state = gather_full_optimizer_state(session.model, session.optimizer)
-        optim_state = {
-            k: v.clone() for k, v in flatten_tensors(optim_state.get("state", {})).items()
-        }
+        # In LeRobot's layout (parameters numbered), as optimizer_state.safetensors holds it.
+        numbered = index_optimizer_state(optim_state)[0] if optim_state else {}
+        optim_state = {k: v.clone() for k, v in flatten_tensors({"state": numbered}).items()}
         run_loop(plan, env, session)
     finally:
         destroy()
@@ -98,7 +99,7 @@ def sources(dataset_root, tmp_path_factory):
             "dataset.root": dataset_root,
             "steps": TOTAL,
             "save_freq": K,
-            "scheduler.type": "cosine_decay_with_warmup",
+            **WITH_SCHEDULER,
         },
     )
     return {

@@ -14,7 +14,7 @@ import pytest
 import torch
 from launch import run_distributed
 from safetensors.torch import load_file
-from tiny import run_train, tiny_act_flags
+from tiny import WITH_SCHEDULER, run_train, tiny_act_flags
 
 from lerobot_pipe.training.checkpoint import list_complete_checkpoints
 
@@ -84,7 +84,7 @@ def _flags(dataset_root, mode, out):
             "steps": 6,
             "save_freq": 2,
             "batch_size": 4,
-            "scheduler.type": "cosine_decay_with_warmup",
+            **WITH_SCHEDULER,
         }
     )
     return [*flags, *MODES[mode], f"--output_dir={out}"]

@@ -43,8 +43,16 @@ def test_act_defaults_follow_lerobot() -> None:
     assert (cfg.dim_feedforward, cfg.n_encoder_layers, cfg.n_decoder_layers) == (3200, 4, 1)
     assert (cfg.use_vae, cfg.latent_dim, cfg.n_vae_encoder_layers) == (True, 32, 4)
     assert (cfg.dropout, cfg.kl_weight, cfg.vision_backbone) == (0.1, 10.0, "resnet18")
-    assert cfg.get_optimizer_preset()["lr"] == 1e-5
-    assert cfg.get_optimizer_preset()["weight_decay"] == 1e-4
+    preset = cfg.get_optimizer_preset()
+    assert (preset.type, preset.lr, preset.weight_decay) == ("adamw", 1e-5, 1e-4)
+    assert cfg.optimizer_lr_backbone == 1e-5 and cfg.replace_final_stride_with_dilation is False
+    assert cfg.pretrained_backbone_weights == "ResNet18_Weights.IMAGENET1K_V1"
+    # LeRobot's ACT leaves the environment state unnormalized.
+    assert cfg.normalization_mapping == {
+        "VISUAL": "MEAN_STD",
+        "STATE": "MEAN_STD",
+        "ACTION": "MEAN_STD",
+    }
     assert cfg.get_scheduler_preset() is None
     assert cfg.action_delta_indices == list(range(100))
     assert cfg.observation_delta_indices is None
@@ -73,7 +81,7 @@ def test_registry() -> None:
         ({"n_obs_steps": 2}, "n_obs_steps"),
         ({"feedforward_activation": "swish"}, "feedforward_activation"),
         ({"temporal_ensemble_coeff": 0.01}, "n_action_steps"),
-        ({"normalization_mapping": {"STATE": "QUANTILES"}}, "normalization_mapping"),
+        ({"normalization_mapping": {"STATE": "SOFTMAX"}}, "normalization_mapping"),
     ],
 )
 def test_validation_errors_name_the_field(overrides: dict, field: str) -> None:
@@ -122,12 +130,16 @@ def test_config_unknown_keys_and_type(tmp_path: Path) -> None:
     make_config().save_pretrained(tmp_path)
     path = tmp_path / CONFIG_NAME
     data = json.loads(path.read_text())
-    path.write_text(json.dumps({**data, "use_amp": False, "bogus": 1}))
-    with pytest.raises(ValueError, match=r"unknown keys .*\['bogus', 'use_amp'\]") as err:
+    # A key of another LeRobot release is kept and written back; a bad value is refused.
+    path.write_text(json.dumps({**data, "use_amp": True, "bogus": 1}))
+    loaded = PreTrainedConfig.from_pretrained(tmp_path)
+    assert loaded.use_amp is True and loaded.to_dict()["bogus"] == 1
+    path.write_text(json.dumps({**data, "dim_model": "wide"}))
+    with pytest.raises(ValueError, match=r"--policy.dim_model='wide': expected an integer") as err:
         PreTrainedConfig.from_pretrained(tmp_path)
     assert str(path) in str(err.value)
     path.write_text(json.dumps({**data, "type": "diffusion"}))
-    with pytest.raises(ValueError, match="unknown policy type 'diffusion'"):
+    with pytest.raises(ValueError, match="type='diffusion': unknown policy type"):
         PreTrainedConfig.from_pretrained(tmp_path)
     del data["type"]
     path.write_text(json.dumps(data))

@@ -19,7 +19,7 @@ PRETRAINED = {
     "train_config.json",
     "model.safetensors",
     "policy_preprocessor.json",
-    "policy_preprocessor_step_0_normalizer_processor.safetensors",
+    "policy_preprocessor_step_3_normalizer_processor.safetensors",
     "policy_postprocessor.json",
     "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
 }
@@ -39,8 +39,14 @@ def test_layout_of_a_ddp_run(dataset_root, tmp_path):
             "steps": 4,
             "save_freq": 2,
             "batch_size": 4,
+            "use_policy_training_preset": "false",
+            "optimizer.type": "adamw",
+            "optimizer.lr": 1e-3,
             "scheduler.type": "cosine_decay_with_warmup",
             "scheduler.num_warmup_steps": 1,
+            "scheduler.num_decay_steps": 4,
+            "scheduler.peak_lr": 1e-3,
+            "scheduler.decay_lr": 1e-4,
         }
     )
     run_distributed(run_train, 2, [*flags, f"--output_dir={out}"])
@@ -56,16 +62,24 @@ def test_layout_of_a_ddp_run(dataset_root, tmp_path):
     assert info["step"] == 4 and info["dp_world_size"] == 2 and info["batch_size"] == 4
     assert info["grad_accum_steps"] == 1 and info["precision"] == "no"
     assert info["parallelism"] == {"dp_replicate": 2, "dp_shard": 1, "world_size": 2, "mode": "ddp"}
-    assert info["samples_consumed"] == 4 * 8
+    assert info["samples_consumed"] == 4 * 8 and info["num_processes"] == 2  # LeRobot's key
     train_config = json.loads((ckpts / "000004/pretrained_model/train_config.json").read_text())
     assert train_config["parallelism"] == {"dp_replicate": None, "dp_shard": None}  # as asked
-    assert train_config["resolved"]["parallelism"]["dp_replicate"] == 2  # as resolved
+    assert "resolved" not in train_config  # resolved degrees: training_step.json
     assert train_config["policy"]["type"] == "act" and train_config["steps"] == 4
     from safetensors import safe_open
 
-    with safe_open(ckpts / "000004/training_state/rng_state.safetensors", "pt") as f:
-        ranks = {k.split("/")[0] for k in f.keys()}  # noqa: SIM118 - safe_open is no dict
-    assert ranks == {"rank0", "rank1"}
+    state = ckpts / "000004/training_state"
+    with safe_open(state / "rng_state.safetensors", "pt") as f:
+        keys = set(f.keys())  # noqa: SIM118 - safe_open is no dict
+    # The main rank's state under LeRobot's flat names, the other rank's beside it.
+    assert {"py_rng_state", "np_rng_state_values", "torch_rng_state"} <= keys
+    assert {k.split("/")[0] for k in keys if "/" in k} == {"rank1"}
+    # LeRobot's optimizer layout: parameters numbered, two groups (the backbone's apart).
+    groups = json.loads((state / "optimizer_param_groups.json").read_text())
+    assert len(groups) == 2 and groups[0]["params"][:3] == [0, 1, 2] and groups[1]["params"] == []
+    with safe_open(state / "optimizer_state.safetensors", "pt") as f:
+        assert "state/0/exp_avg" in set(f.keys())  # noqa: SIM118
 
 
 def test_save_freq_zero_saves_only_the_final_step_and_no_scheduler_file(dataset_root, tmp_path):

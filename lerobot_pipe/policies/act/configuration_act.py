@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from lerobot_pipe.configs.optim import AdamWConfig
 from lerobot_pipe.policies.pretrained import (
     ACTION,
     OBS_ENV_STATE,
@@ -40,7 +41,14 @@ class ACTConfig(PreTrainedConfig):
     chunk_size: int = 100
     n_action_steps: int = 100
 
+    # LeRobot's: environment state is not normalized.
+    normalization_mapping: dict[str, str] = field(
+        default_factory=lambda: {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+    )
+
     vision_backbone: str = "resnet18"
+    pretrained_backbone_weights: str | None = "ResNet18_Weights.IMAGENET1K_V1"
+    replace_final_stride_with_dilation: bool = False
 
     dim_model: int = 512
     n_heads: int = 8
@@ -63,6 +71,7 @@ class ACTConfig(PreTrainedConfig):
 
     optimizer_lr: float = 1e-5
     optimizer_weight_decay: float = 1e-4
+    optimizer_lr_backbone: float = 1e-5
 
     @classmethod
     def tiny(cls, **overrides: Any) -> ACTConfig:
@@ -117,6 +126,8 @@ class ACTConfig(PreTrainedConfig):
             raise ValueError(f"ACT supports n_obs_steps == 1 only, got {self.n_obs_steps}")
         if self.optimizer_lr <= 0:
             raise ValueError(f"optimizer_lr must be > 0, got {self.optimizer_lr}")
+        if self.optimizer_lr_backbone <= 0:
+            raise ValueError(f"optimizer_lr_backbone must be > 0, got {self.optimizer_lr_backbone}")
         if self.optimizer_weight_decay < 0:
             raise ValueError(
                 f"optimizer_weight_decay must be >= 0, got {self.optimizer_weight_decay}"
@@ -161,11 +172,7 @@ class ACTConfig(PreTrainedConfig):
     def action_delta_indices(self) -> list[int]:
         return list(range(self.chunk_size))
 
-    def get_optimizer_preset(self) -> dict:
-        """LeRobot's ACT preset: AdamW (betas and eps at their defaults), no scheduler."""
-        return {
-            "lr": self.optimizer_lr,
-            "weight_decay": self.optimizer_weight_decay,
-            "betas": (0.9, 0.999),
-            "eps": 1e-8,
-        }
+    def get_optimizer_preset(self) -> AdamWConfig:
+        """LeRobot's ACT preset: AdamW (betas and eps at their defaults), no scheduler; the
+        backbone's parameter group takes ``optimizer_lr_backbone``."""
+        return AdamWConfig(lr=self.optimizer_lr, weight_decay=self.optimizer_weight_decay)

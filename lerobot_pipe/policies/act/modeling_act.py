@@ -30,6 +30,8 @@ from lerobot_pipe.policies.pretrained import (
 )
 
 ACTION_IS_PAD = "action_is_pad"
+# Parameter names of the vision backbone, trained at optimizer_lr_backbone.
+BACKBONE_PREFIX = "model.backbone"
 
 
 def create_sinusoidal_pos_embedding(num_positions: int, dimension: int) -> Tensor:
@@ -259,7 +261,10 @@ class ACT(nn.Module):
                 create_sinusoidal_pos_embedding(num_vae_tokens, d).unsqueeze(0),
             )
 
+        # Modules are registered in LeRobot's order: parameter order is what the integer keys
+        # of optimizer_state.safetensors refer to.
         self.encoder = ACTEncoder(config)
+        self.decoder = ACTDecoder(config)
         self.encoder_robot_state_input_proj: nn.Linear | None = None
         if state_ft is not None:
             self.encoder_robot_state_input_proj = nn.Linear(state_ft["shape"][0], d)
@@ -269,8 +274,6 @@ class ACT(nn.Module):
         self.encoder_latent_input_proj = nn.Linear(config.latent_dim, d)
         n_1d_tokens = 1 + (state_ft is not None) + (env_ft is not None)
         self.encoder_1d_feature_pos_embed = nn.Embedding(n_1d_tokens, d)
-
-        self.decoder = ACTDecoder(config)
         self.decoder_pos_embed = nn.Embedding(config.chunk_size, d)
         self.action_head = nn.Linear(d, action_dim)
 
@@ -437,12 +440,34 @@ class ACTPolicy(PreTrainedPolicy):
             self._action_queue.extend(actions.transpose(0, 1))
         return self._action_queue.popleft()
 
-    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        """Loss = masked L1 on the chunk (+ kl_weight * KL when the VAE encoder ran).
+    def get_optim_params(self) -> list[dict]:
+        """LeRobot's two parameter groups: everything but the vision backbone, and the backbone
+        at ``optimizer_lr_backbone`` (an empty group without cameras, as LeRobot writes it)."""
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        return [
+            {"params": [p for n, p in named if not n.startswith(BACKBONE_PREFIX)]},
+            {
+                "params": [p for n, p in named if n.startswith(BACKBONE_PREFIX)],
+                "lr": self.config.optimizer_lr_backbone,
+            },
+        ]
 
-        Every term is a mean over the batch dimension, so the mean of equal-sized per-rank
-        losses equals the loss of the whole batch.
-        """
+    def loss_normalizers(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The L1 term averages over the non-padded action values: their count in ``batch``."""
+        valid = (~_require(batch, ACTION_IS_PAD).bool()).sum()
+        return {"l1": valid * self.config.action_feature["shape"][0]}
+
+    def forward(
+        self,
+        batch: dict[str, Tensor],
+        normalizers: dict[str, tuple[Tensor, int]] | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Loss = L1 averaged over the non-padded action values (LeRobot 0.6.1), plus
+        kl_weight * KL (summed over latent dims, averaged over the batch) when the VAE ran.
+
+        ``normalizers["l1"] = (total, shares)``: the count of :meth:`loss_normalizers` over a
+        whole data-parallel, accumulated batch and the number of parts it is split into; the L1
+        sum is then divided by total / shares instead of this part's own count."""
         target = _require(batch, ACTION)
         action_is_pad = _require(batch, ACTION_IS_PAD)
         expected = (self.config.chunk_size, self.config.action_feature["shape"][0])
@@ -452,13 +477,17 @@ class ACTPolicy(PreTrainedPolicy):
                 f"(chunk_size, action_dim), got {tuple(target.shape)}"
             )
         actions_hat, (mu, log_sigma_x2) = self.model(batch)
-        l1_loss = (
-            F.l1_loss(target, actions_hat, reduction="none") * ~action_is_pad.bool().unsqueeze(-1)
-        ).mean()
+        valid = ~action_is_pad.bool().unsqueeze(-1)
+        abs_err = F.l1_loss(target, actions_hat, reduction="none")
+        if normalizers is not None and "l1" in normalizers:
+            total, shares = normalizers["l1"]
+            denominator = total.float().clamp_min(1) / shares
+        else:
+            denominator = (valid.sum() * abs_err.shape[-1]).clamp_min(1)
+        l1_loss = (abs_err * valid).sum() / denominator
         loss_dict = {"l1_loss": l1_loss.detach()}  # no .item(): no device sync per step
         if mu is None:
             return l1_loss, loss_dict
-        # KL(N(mu, sigma^2) || N(0, 1)), summed over latent dims, averaged over the batch.
         kld_loss = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1).mean()
         loss_dict["kld_loss"] = kld_loss.detach()
         return l1_loss + kld_loss * self.config.kl_weight, loss_dict

@@ -1,0 +1,94 @@
+"""Where a pretrained policy or a checkpoint lives: a local folder, or a Hub repository.
+
+One resolver for everything that accepts "a policy": a pretrained_model/ folder, the checkpoint
+step folder around it (or its ``last`` link), or a Hub repo id (downloaded through
+huggingface_hub into its cache, only the files a policy folder holds).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lerobot_pipe import constants as C
+
+POLICY_FILE_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.yaml"]
+_STEP_FOLDER = re.compile(r"^checkpoints/(\d+)/")
+
+
+def pretrained_dir(path: str | Path) -> Path:
+    """``path`` itself, or the ``pretrained_model/`` inside it when ``path`` is a checkpoint
+    step folder (or a file inside pretrained_model/, such as train_config.json)."""
+    path = Path(path)
+    if path.is_file():
+        path = path.parent
+    if (path / C.PRETRAINED_MODEL_DIR).is_dir():
+        return path / C.PRETRAINED_MODEL_DIR
+    return path
+
+
+def _is_repo_id(path: str) -> bool:
+    return not path.startswith((".", "/", "~")) and path.count("/") == 1
+
+
+def local_policy_folder(
+    path: str, revision: str | None = None, required_file: str = C.CONFIG_NAME
+) -> Path:
+    """A local folder holding ``required_file`` (the policy's config.json by default),
+    downloading ``path`` from the Hub when it is a repo id and no such local folder exists."""
+    local = pretrained_dir(path)
+    if local.is_dir():
+        if not (local / required_file).is_file():
+            raise FileNotFoundError(f"no {required_file} in {local}")
+        return local
+    if not _is_repo_id(path):
+        raise FileNotFoundError(f"{path}: no such folder, and not a Hub repo id (namespace/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(
+            path, repo_type="model", revision=revision, allow_patterns=POLICY_FILE_PATTERNS
+        )
+    except Exception as e:  # noqa: BLE001 - any network or Hub error, reworded below
+        raise FileNotFoundError(
+            f"not a local folder, and downloading Hub repo {path!r} (revision={revision!r}) "
+            f"failed: {type(e).__name__}: {e}"
+        ) from None
+    if not (Path(folder) / required_file).is_file():
+        raise FileNotFoundError(f"Hub repo {path!r} holds no {required_file} at its root")
+    return Path(folder)
+
+
+def download_latest_checkpoint(repo_id: str, output_dir: Path) -> Path:
+    """Download the newest ``checkpoints/<step>/`` of a Hub training repository (LeRobot's
+    ``--save_checkpoint_to_hub`` layout) into ``output_dir/checkpoints/<step>/``; returns it."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    try:
+        files = HfApi().list_repo_files(repo_id, repo_type="model")
+    except Exception as e:  # noqa: BLE001 - any network or Hub error, reworded below
+        raise FileNotFoundError(
+            f"listing Hub repo {repo_id!r} failed: {type(e).__name__}: {e}"
+        ) from None
+    steps = sorted(
+        {m.group(1) for f in files if (m := _STEP_FOLDER.match(f))},
+        key=int,
+    )
+    complete = [
+        s
+        for s in steps
+        if f"{C.CHECKPOINTS_DIR}/{s}/{C.TRAINING_STATE_DIR}/{C.TRAINING_STEP}" in files
+    ]
+    if not complete:
+        raise FileNotFoundError(
+            f"Hub repo {repo_id!r} holds no checkpoints/<step>/ with a "
+            f"{C.TRAINING_STATE_DIR}/{C.TRAINING_STEP} (was it pushed with its training state?)"
+        )
+    step = complete[-1]
+    snapshot_download(
+        repo_id,
+        repo_type="model",
+        allow_patterns=[f"{C.CHECKPOINTS_DIR}/{step}/*"],
+        local_dir=str(output_dir),
+    )
+    return output_dir / C.CHECKPOINTS_DIR / step
