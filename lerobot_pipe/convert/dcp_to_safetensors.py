@@ -92,7 +92,7 @@ SAFETENSORS_METADATA = {"format": "pt"}
 _NOT_COPIED = frozenset({C.MODEL_DCP_DIR, C.PUBLISH_RECEIPT})
 _TMP_MARKERS = (".tmp-", ".deleting-")
 # Bytes of the written file compared through one safe_open handle (see the module docstring).
-_READBACK_BYTES = 256 << 20
+_READBACK_BYTES = 4 << 20
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
