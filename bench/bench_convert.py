@@ -1,6 +1,6 @@
 """Benchmark ``lerobot-convert-dcp``: time against ``save_file`` and peak memory, at two sizes.
 
-    .venv/bin/python bench/bench_convert.py [--sizes_mb=100,1024] [--repeats=7,3] [--workdir=DIR]
+    .venv/bin/python bench/bench_convert.py [--sizes_mb=100,1024] [--repeats=7,5] [--workdir=DIR]
                                             [--check]
 
 For each size (default ~100 MB and ~1 GB, both as 2 shards):
@@ -239,7 +239,7 @@ def report(results: list[dict]) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes_mb", default="100,1024")
-    parser.add_argument("--repeats", default="7,3", help="rounds per size (one value, or one each)")
+    parser.add_argument("--repeats", default="7,5", help="rounds per size (one value, or one each)")
     parser.add_argument("--world_size", type=int, default=2)
     parser.add_argument("--workdir", default=None, help="folder on the disk to measure")
     parser.add_argument("--check", action="store_true", help="exit 1 when the RSS target is missed")

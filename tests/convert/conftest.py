@@ -154,16 +154,23 @@ def tiny_act():
     return ACTPolicy(ACTConfig.tiny(**ACT_FEATURES))
 
 
-def act_batch(generator: torch.Generator) -> dict[str, torch.Tensor]:
-    return {
+def _act_loss(model: nn.Module, generator: torch.Generator) -> torch.Tensor:
+    batch = {
         "observation.state": torch.randn(3, 5, generator=generator),
         "observation.environment_state": torch.randn(3, 6, generator=generator),
         "action": torch.randn(3, 10, 7, generator=generator),
         "action_is_pad": torch.zeros(3, 10, dtype=torch.bool),
     }
+    return model(batch)[0]
 
 
-def _shard_and_step(model: nn.Module, core: nn.Module, trainable, batch) -> None:
+def _tiny_loss(model: nn.Module, generator: torch.Generator) -> torch.Tensor:
+    return model(torch.randn(3, 4, 5, generator=generator)).pow(2).mean()
+
+
+def _shard_and_step(
+    model: nn.Module, core: nn.Module, trainable, loss_fn: Callable
+) -> torch.optim.Optimizer:
     from torch.distributed.fsdp import fully_shard
 
     for layer in core.encoder.layers:
@@ -171,17 +178,12 @@ def _shard_and_step(model: nn.Module, core: nn.Module, trainable, batch) -> None
     fully_shard(model)
     opt = torch.optim.AdamW(trainable, lr=1e-2)
     g = torch.Generator().manual_seed(1234 + torch.distributed.get_rank())
-    out = model(batch(g))
-    loss = out[0] if isinstance(out, tuple) else out.pow(2).mean()
+    loss = loss_fn(model, g)
     loss.backward()
     opt.step()
     opt.zero_grad()
     # Optimizer DCP next to the model, like the trainer: the converter must not read it.
     return opt
-
-
-def _tiny_batch(generator: torch.Generator) -> torch.Tensor:
-    return torch.randn(3, 4, 5, generator=generator)
 
 
 def _write_aux_files(pretrained: Path) -> None:
@@ -208,7 +210,7 @@ def _save_plain(rank: int, world_size: int, step_dir: str, reference: str) -> No
 
     torch.manual_seed(0)
     model = TinyPolicy()
-    opt = _shard_and_step(model, model.model, model.parameters(), _tiny_batch)
+    opt = _shard_and_step(model, model.model, model.parameters(), _tiny_loss)
     pretrained = Path(step_dir) / C.PRETRAINED_MODEL_DIR
     dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR))
     dcp.save(
@@ -234,7 +236,7 @@ def _save_peft(rank: int, world_size: int, step_dir: str, reference: str) -> Non
     config = LoraConfig(**LORA_KWARGS, modules_to_save=LORA_MODULES_TO_SAVE)
     model = get_peft_model(base, config)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    _shard_and_step(model, base.model, trainable, act_batch)
+    _shard_and_step(model, base.model, trainable, _act_loss)
     pretrained = Path(step_dir) / C.PRETRAINED_MODEL_DIR
     dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR))
     full = get_model_state_dict(
