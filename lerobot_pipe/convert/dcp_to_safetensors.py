@@ -300,8 +300,8 @@ def _load(dcp_dir: Path, metadata: Metadata, keys: Iterable[str] | None) -> dict
                 no_dist=True,
             )
     except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-        inner = _innermost(e)
-        if isinstance(inner, ConversionError):
+        inner = _innermost(e)  # DCP wraps whatever the read raised, Ctrl-C included
+        if isinstance(inner, ConversionError) or not isinstance(inner, Exception):
             raise inner from None
         raise ConversionError(f"cannot read DCP shards in {dcp_dir}: {_one_line(e)}") from e
     return state
