@@ -18,11 +18,12 @@ Only public APIs of torch (2.13) and safetensors, chosen as follows:
   conversion reads the adapter entries only. Only the model DCP folder is read, never the
   optimizer's.
 * Writing: ``safetensors.torch.save_file`` into a temporary file of the output folder, then
-  ``os.replace``. torch's ``HuggingFaceStorageWriter`` does not fit: it names its files
-  ``model-00001-of-00001.safetensors``, puts DCP offsets into the header metadata and writes in
-  place, so its file is neither the one a ``safetensors`` run writes nor atomic; the consolidation
-  it relies on lives in a private module and merges safetensors-format DCP, not ``.distcp``
-  shards. ``format_utils.dcp_to_torch_save`` writes a pickle.
+  ``os.replace``. torch's ``HuggingFaceStorageWriter`` (``dcp.save`` of the loaded tensors) does
+  not fit: it names its files ``model-00001-of-00001.safetensors``, puts DCP offsets into the
+  header metadata, builds each file in memory first (``safetensors.torch.save``: another 1x) and
+  writes it in place, so its file is neither the one a ``safetensors`` run writes nor atomic; the
+  consolidation it relies on lives in a private module and merges safetensors-format DCP, not
+  ``.distcp`` shards. ``format_utils.dcp_to_torch_save`` writes a pickle.
 * Memory: the state dict once (1x the weights). ``save_file`` (safetensors >= 0.8) writes straight
   from the tensors' memory; DCP's reader holds one stored chunk at a time; the read-back opens the
   file anew every ``_READBACK_BYTES`` because the pages a ``safe_open`` handle maps stay in this
@@ -41,13 +42,13 @@ Only public APIs of torch (2.13) and safetensors, chosen as follows:
   (``policies.peft.adapter_key_map``); no naming rule of peft's is repeated here.
 
 The output is written atomically (temporary file in the same folder, ``os.replace``): a killed
-conversion never leaves a partial file under the final name. It is made durable (fsync of the file
-and the folder) exactly when the shards are about to go, i.e. with ``delete_dcp``, and only after
-the written file was read back and compared tensor by tensor with what the shards hold. Without
-``delete_dcp`` the shards stay the source of truth, and a file that a power cut damaged is found
-and rewritten by the next run, like any file that ``save_file`` or ``save_pretrained`` wrote. An
-existing output that already holds exactly the DCP's tensors is left untouched ("already
-converted").
+conversion never leaves a partial file under the final name. It is made durable exactly when the
+shards are about to go, i.e. with ``delete_dcp``: the temporary file is fsynced, read back and
+compared tensor by tensor with what the shards hold, renamed into place and its folder fsynced,
+and only then is the DCP folder deleted. Without ``delete_dcp`` the shards stay the source of
+truth, and a file that a power cut damaged is found and rewritten by the next run, like any file
+that ``save_file`` or ``save_pretrained`` wrote. An existing output that already holds exactly the
+DCP's tensors is left untouched ("already converted").
 
 Security: DCP's ``.metadata`` file is a Python pickle, and unpickling runs code. Load DCP only from
 a local folder your own run wrote. Anything that looks like a URL or a Hub repo id is refused.
