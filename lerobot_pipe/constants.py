@@ -56,7 +56,6 @@ DATASET_CODEBASE_VERSION = "v3.0"
 
 # Pipeline receipts.
 PUBLISH_RECEIPT = "publish_receipt.json"
-CONVERT_RECEIPT = "convert_receipt.json"
 
 # Environment variables.
 ENV_ALLOW_ACCELERATE = "LEROBOT_ALLOW_ACCELERATE_ENV"

@@ -5,20 +5,20 @@ See :mod:`lerobot_pipe.convert.dcp_to_safetensors`. Local folders only: DCP meta
 
 from lerobot_pipe.convert.dcp_to_safetensors import (
     ConversionError,
-    adapter_key_map,
     convert_checkpoint,
     find_pretrained_dir,
     load_dcp_state_dict,
     read_dcp_metadata,
     verify_against_dcp,
+    verify_dcp_files,
 )
 
 __all__ = [
     "ConversionError",
-    "adapter_key_map",
     "convert_checkpoint",
     "find_pretrained_dir",
     "load_dcp_state_dict",
     "read_dcp_metadata",
     "verify_against_dcp",
+    "verify_dcp_files",
 ]

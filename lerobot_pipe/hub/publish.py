@@ -72,7 +72,6 @@ DENY_NAMES = frozenset(
         C.SCALER_STATE,
         C.TRAINING_STEP,
         C.PUBLISH_RECEIPT,
-        C.CONVERT_RECEIPT,
     }
 )
 DENY_SUFFIXES = (".distcp",)

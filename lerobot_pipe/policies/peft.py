@@ -61,6 +61,16 @@ def adapter_key_map(model: nn.Module) -> dict[str, str]:
     return {peft_key: owner[id(t)] for peft_key, t in renamed.items()}
 
 
+def wrap_with_adapter_config(policy: PreTrainedPolicy, adapter_config: dict) -> nn.Module:
+    """The PeftModel that ``adapter_config`` (the contents of peft's adapter_config.json) describes,
+    around ``policy``; its adapters are freshly initialized."""
+    from peft import PeftConfig, get_peft_model
+
+    # get_peft_model records the base path from the model's name_or_path (transformers' attribute).
+    policy.name_or_path = adapter_config.get("base_model_name_or_path")
+    return get_peft_model(policy, PeftConfig.from_peft_type(**adapter_config))
+
+
 def write_adapter(directory: Path, model: nn.Module, full_state: dict[str, torch.Tensor]) -> None:
     """Write adapter_model.safetensors + adapter_config.json from a gathered full state dict."""
     from peft import get_peft_model_state_dict
@@ -90,7 +100,7 @@ def load_pretrained_policy(path: str | Path) -> PreTrainedPolicy:
     policy_cls = get_policy_class(config.type)
     if not (path / C.ADAPTER_CONFIG_NAME).is_file():
         return policy_cls.from_pretrained(path, config=config)
-    from peft import PeftConfig, get_peft_model, set_peft_model_state_dict
+    from peft import set_peft_model_state_dict
 
     adapter_file = path / C.ADAPTER_SAFETENSORS
     if not adapter_file.is_file():
@@ -106,8 +116,7 @@ def load_pretrained_policy(path: str | Path) -> PreTrainedPolicy:
             f"{path / C.ADAPTER_CONFIG_NAME}: base policy {base!r} (base_model_name_or_path) is not a local folder"
         )
     policy = policy_cls.from_pretrained(base, config=config)
-    policy.name_or_path = base
-    peft_model = get_peft_model(policy, PeftConfig.from_peft_type(**adapter_config))
+    peft_model = wrap_with_adapter_config(policy, adapter_config)
     result = set_peft_model_state_dict(peft_model, load_file(adapter_file))
     if result.unexpected_keys:
         raise RuntimeError(f"{adapter_file}: unexpected keys {result.unexpected_keys}")

@@ -2,9 +2,11 @@
 
 ``run_distributed`` forks ``world_size`` processes that join a gloo process group on
 127.0.0.1 (a real multi-process run, no torchrun needed). The session fixtures use it
-to produce real FSDP2 DCP checkpoints (plain and PEFT/LoRA) plus the full-gathered
-reference weights written by rank 0, once per test session; each test then works on
-its own copy.
+to produce real FSDP2 DCP checkpoints (plain, and PEFT/LoRA on a tiny ACT policy, which the
+converter rebuilds on the meta device to name the adapter tensors) plus the full-gathered
+reference weights written by rank 0, once per test session; each test then works on its own
+copy. Like the trainer's, each step folder ends with ``training_state/training_step.json``
+listing the size and SHA-256 of every file.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.training.checkpoint import file_manifest, write_json_atomic
 
 LAUNCH_TIMEOUT_S = 120.0
 
@@ -131,11 +134,43 @@ class TinyPolicy(nn.Module):
         return self.model(x)
 
 
-LORA_KWARGS = dict(r=4, lora_alpha=8, target_modules=["linear1", "linear2", "input_proj"])
+LORA_KWARGS = dict(
+    r=4, lora_alpha=8, target_modules=["linear1", "linear2", "encoder_env_state_input_proj"]
+)
 LORA_MODULES_TO_SAVE = ["action_head"]
+# A tiny ACT: 7 action rows (an uneven Shard(0) split across 2 ranks).
+ACT_FEATURES = dict(
+    input_features={
+        "observation.state": {"type": "STATE", "shape": [5]},
+        "observation.environment_state": {"type": "ENV", "shape": [6]},
+    },
+    output_features={"action": {"type": "ACTION", "shape": [7]}},
+)
 
 
-def _shard_and_step(model: nn.Module, core: _Core, trainable) -> None:
+def tiny_act():
+    from lerobot_pipe.policies.act import ACTConfig, ACTPolicy
+
+    return ACTPolicy(ACTConfig.tiny(**ACT_FEATURES))
+
+
+def _act_loss(model: nn.Module, generator: torch.Generator) -> torch.Tensor:
+    batch = {
+        "observation.state": torch.randn(3, 5, generator=generator),
+        "observation.environment_state": torch.randn(3, 6, generator=generator),
+        "action": torch.randn(3, 10, 7, generator=generator),
+        "action_is_pad": torch.zeros(3, 10, dtype=torch.bool),
+    }
+    return model(batch)[0]
+
+
+def _tiny_loss(model: nn.Module, generator: torch.Generator) -> torch.Tensor:
+    return model(torch.randn(3, 4, 5, generator=generator)).pow(2).mean()
+
+
+def _shard_and_step(
+    model: nn.Module, core: nn.Module, trainable, loss_fn: Callable
+) -> torch.optim.Optimizer:
     from torch.distributed.fsdp import fully_shard
 
     for layer in core.encoder.layers:
@@ -143,8 +178,7 @@ def _shard_and_step(model: nn.Module, core: _Core, trainable) -> None:
     fully_shard(model)
     opt = torch.optim.AdamW(trainable, lr=1e-2)
     g = torch.Generator().manual_seed(1234 + torch.distributed.get_rank())
-    x = torch.randn(3, 4, 5, generator=g)
-    loss = model(x).pow(2).mean()
+    loss = loss_fn(model, g)
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -176,7 +210,7 @@ def _save_plain(rank: int, world_size: int, step_dir: str, reference: str) -> No
 
     torch.manual_seed(0)
     model = TinyPolicy()
-    opt = _shard_and_step(model, model.model, model.parameters())
+    opt = _shard_and_step(model, model.model, model.parameters(), _tiny_loss)
     pretrained = Path(step_dir) / C.PRETRAINED_MODEL_DIR
     dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR))
     dcp.save(
@@ -198,11 +232,11 @@ def _save_peft(rank: int, world_size: int, step_dir: str, reference: str) -> Non
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     torch.manual_seed(0)
-    base = TinyPolicy()
+    base = tiny_act()
     config = LoraConfig(**LORA_KWARGS, modules_to_save=LORA_MODULES_TO_SAVE)
     model = get_peft_model(base, config)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    _shard_and_step(model, base.model, trainable)
+    _shard_and_step(model, base.model, trainable, _act_loss)
     pretrained = Path(step_dir) / C.PRETRAINED_MODEL_DIR
     dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR))
     full = get_model_state_dict(
@@ -213,6 +247,7 @@ def _save_peft(rank: int, world_size: int, step_dir: str, reference: str) -> Non
         save_file({k: v.contiguous() for k, v in adapter.items()}, reference)
         model.peft_config["default"].save_pretrained(str(pretrained))
         _write_aux_files(pretrained)
+        base.config.save_pretrained(pretrained)  # the converter builds the policy from it
 
 
 def _make_checkpoint(root: Path, fn: Callable) -> tuple[Path, Path]:
@@ -220,7 +255,15 @@ def _make_checkpoint(root: Path, fn: Callable) -> tuple[Path, Path]:
     (step_dir / C.PRETRAINED_MODEL_DIR).mkdir(parents=True)
     reference = root / "reference.safetensors"
     run_distributed(fn, 2, str(step_dir), str(reference))
+    write_manifest(step_dir)
     return step_dir, reference
+
+
+def write_manifest(step_dir: Path) -> None:
+    """training_step.json with the file manifest, written last as the trainer does."""
+    (step_dir / C.TRAINING_STATE_DIR).mkdir(exist_ok=True)
+    info = {"step": int(step_dir.name), "files": file_manifest(step_dir)}
+    write_json_atomic(step_dir / C.TRAINING_STATE_DIR / C.TRAINING_STEP, info)
 
 
 @pytest.fixture(scope="session")
@@ -255,6 +298,31 @@ def peft_step(_peft_template, tmp_path) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def tiny_policy_cls() -> type[nn.Module]:
-    """The small policy-like model used for the checkpoints (for tests that build their own)."""
-    return TinyPolicy
+def make_act() -> Callable[[], nn.Module]:
+    """Builds the tiny ACT policy of the PEFT checkpoint (for tests that build their own)."""
+    return tiny_act
+
+
+@pytest.fixture
+def peft_step_of(tmp_path) -> Callable[[nn.Module], Path]:
+    """A single-process step folder of a PEFT-wrapped ACT policy: the model DCP, config.json,
+    adapter_config.json (of the ``default`` adapter) and the manifest."""
+
+    def make(model: nn.Module) -> Path:
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        step = tmp_path / "run" / C.CHECKPOINTS_DIR / "000001"
+        pretrained = step / C.PRETRAINED_MODEL_DIR
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "torch.distributed is disabled"
+            dcp.save(
+                model.state_dict(), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR), no_dist=True
+            )
+        model.peft_config["default"].save_pretrained(str(pretrained))
+        model.get_base_model().config.save_pretrained(pretrained)
+        write_manifest(step)
+        return step
+
+    return make

@@ -142,3 +142,18 @@ def test_push_to_hub_calls_publish_folder(dcp_step, tmp_path, monkeypatch):
 
     monkeypatch.setattr(publish, "publish_folder", failing)
     assert main(args) == 1
+
+
+def test_ctrl_c_while_reading_the_shards_exits_130(dcp_step, monkeypatch, capsys):
+    """DCP wraps what its reader raises into a CheckpointException; Ctrl-C must still be one."""
+    step, _ = dcp_step
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "load", interrupted)  # what DCP's reader calls per stored chunk
+    assert main([f"--checkpoint_dir={step}", "--delete_dcp=true"]) == 130
+    assert "interrupted; nothing was deleted" in capsys.readouterr().err
+    pretrained = step / C.PRETRAINED_MODEL_DIR
+    assert (pretrained / C.MODEL_DCP_DIR / ".metadata").is_file()
+    assert not (pretrained / C.MODEL_SAFETENSORS).exists()
