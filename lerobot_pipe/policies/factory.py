@@ -1,4 +1,5 @@
-"""Build policy configs and policies by type name."""
+"""Build policy configs, policies and their processors by type name (LeRobot's
+``lerobot.policies.factory`` API: scripts written against it port by changing the import)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ from lerobot_pipe.policies.pretrained import (
     PreTrainedPolicy,
     dataset_to_policy_features,
 )
+from lerobot_pipe.processors import make_pre_post_processors
+
+__all__ = [
+    "fill_features",
+    "get_policy_class",
+    "make_policy",
+    "make_policy_config",
+    "make_pre_post_processors",
+]
 
 _POLICY_CLASSES: dict[str, type[PreTrainedPolicy]] = {ACTPolicy.name: ACTPolicy}
 
@@ -52,10 +62,13 @@ def make_policy(cfg: PreTrainedConfig, dataset_features: dict | None = None) -> 
     Empty ``cfg.input_features`` / ``cfg.output_features`` are filled (in place) from
     ``dataset_features``, a dataset's ``info["features"]``. With ``cfg.pretrained_path`` set
     the weights are loaded from that folder (the policy then comes back in eval mode, like
-    LeRobot's); otherwise they are freshly initialized.
+    LeRobot's; a LoRA checkpoint, ``use_peft``, comes back with its adapter merged); otherwise
+    they are freshly initialized.
     """
     fill_features(cfg, dataset_features)
     policy_cls = get_policy_class(cfg.type)
     if cfg.pretrained_path:
-        return policy_cls.from_pretrained(cfg.pretrained_path, config=cfg)
+        from lerobot_pipe.policies.peft import load_pretrained_policy
+
+        return load_pretrained_policy(cfg.pretrained_path, config=cfg)
     return policy_cls(cfg)

@@ -90,13 +90,16 @@ def write_adapter_config(directory: Path, model: nn.Module) -> None:
     (directory / C.ADAPTER_CONFIG_NAME).write_text(json.dumps(config, indent=4, default=str) + "\n")
 
 
-def load_pretrained_policy(path: str | Path) -> PreTrainedPolicy:
+def load_pretrained_policy(
+    path: str | Path, config: PreTrainedConfig | None = None
+) -> PreTrainedPolicy:
     """A policy folder with model.safetensors, or an adapter folder (adapter_model.safetensors +
-    adapter_config.json naming the base policy): the adapter is merged into the base."""
+    adapter_config.json naming the base policy): the adapter is merged into the base.
+    ``config`` replaces the folder's config.json."""
     from lerobot_pipe.policies.factory import get_policy_class
 
     path = Path(path)
-    config = PreTrainedConfig.from_pretrained(path)
+    config = config or PreTrainedConfig.from_pretrained(path)
     policy_cls = get_policy_class(config.type)
     if not (path / C.ADAPTER_CONFIG_NAME).is_file():
         return policy_cls.from_pretrained(path, config=config)

@@ -282,13 +282,14 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
         config: PreTrainedConfig | None = None,
         map_location: str | torch.device = "cpu",
         strict: bool = True,
+        revision: str | None = None,
     ) -> Self:
-        """Build the policy from ``path`` (config.json unless ``config`` is given) and load its
-        weights from ``model.safetensors``. The policy is returned in eval mode, on
-        ``map_location``."""
-        path = Path(path)
-        if not path.is_dir():
-            raise FileNotFoundError(f"policy folder {path} does not exist")
+        """Build the policy from ``path`` — a folder (or the checkpoint step folder around it) or
+        a Hub repo id at ``revision`` — from its config.json unless ``config`` is given, and load
+        its weights from ``model.safetensors``. Returned in eval mode, on ``map_location``."""
+        from lerobot_pipe.policies.hub import local_policy_folder
+
+        path = local_policy_folder(str(path), revision=revision)
         model_file = path / MODEL_SAFETENSORS
         if not model_file.is_file():
             if (path / MODEL_DCP_DIR).is_dir():

@@ -114,6 +114,9 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
         cfg.policy = loaded
         cfg.policy.pretrained_path = str(local)
     apply_flags(cfg, flags)
+    if cfg.policy is not None and cfg.peft is None and policy_path is not None:
+        # Fine-tuning a LoRA checkpoint without --peft trains its merged weights in full.
+        cfg.policy.use_peft = False
     if cfg.policy is not None:
         try:
             cfg.policy.__post_init__()
