@@ -54,11 +54,20 @@ def test_info_matches_data(synthetic_root: Path, synthetic_params: dict[str, int
     schema = pq.read_schema(synthetic_root / "data/chunk-000/file-000.parquet")
     assert str(schema.field("timestamp").type) == "float"
     assert str(schema.field("index").type) == "int64"
-    assert str(schema.field("action").type) == "list<element: float>"
+    # LeRobot's vector columns: fixed-size lists, with the Hugging Face features alongside.
+    assert str(schema.field("action").type) == "fixed_size_list<element: float>[2]"
+    hf = json.loads(schema.metadata[b"huggingface"])["info"]["features"]
+    assert hf["action"] == {
+        "feature": {"dtype": "float32", "_type": "Value"},
+        "length": 2,
+        "_type": "List",
+    }
+    assert hf["timestamp"] == {"dtype": "float32", "_type": "Value"}
 
 
 def test_stats_match_data(synthetic_root: Path) -> None:
     stats = json.loads((synthetic_root / "meta/stats.json").read_text())
+    episodes = pd.read_parquet(synthetic_root / "meta/episodes/chunk-000/file-000.parquet")
     data = _data(synthetic_root)
     for key, values in data.items():
         values = values.reshape(len(values), -1).astype(np.float64)
@@ -66,9 +75,19 @@ def test_stats_match_data(synthetic_root: Path) -> None:
         np.testing.assert_allclose(stats[key]["std"], values.std(0), rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(stats[key]["min"], values.min(0))
         np.testing.assert_allclose(stats[key]["max"], values.max(0))
-        np.testing.assert_allclose(stats[key]["q50"], np.quantile(values, 0.5, axis=0))
         assert stats[key]["count"] == [len(values)]
-        assert {"q01", "q10", "q90", "q99"} <= set(stats[key])
+        # LeRobot's quantiles: the frame-weighted mean of the episodes' quantiles, each read
+        # off a histogram of the episode (so within a bin of the episode's exact quantile).
+        counts = np.stack(episodes[f"stats/{key}/count"].to_numpy()).astype(np.float64)
+        for name, q in (("q01", 0.01), ("q10", 0.1), ("q50", 0.5), ("q90", 0.9), ("q99", 0.99)):
+            per_episode = np.stack(episodes[f"stats/{key}/{name}"].to_numpy())
+            weighted = (per_episode * counts).sum(0) / counts.sum()
+            np.testing.assert_allclose(stats[key][name], weighted, rtol=1e-9, atol=1e-12)
+            for e, row in enumerate(episodes.itertuples()):
+                rows = values[row.dataset_from_index : row.dataset_to_index]
+                span = rows.max(0) - rows.min(0)
+                exact = np.quantile(rows, q, axis=0, method="inverted_cdf")
+                assert np.all(np.abs(per_episode[e] - exact) <= span / 5000 + 1e-6), (key, name)
 
 
 def test_episodes_and_tasks_metadata(
