@@ -30,7 +30,11 @@ def main() -> None:
             "names": ["height", "width", "channels"],
         }
     dataset = LeRobotDataset.create(
-        "local/written", fps=10, features=features, root=root, robot_type="synthetic_point2d",
+        "local/written",
+        fps=10,
+        features=features,
+        root=root,
+        robot_type="synthetic_point2d",
         use_videos=mode == "video",
     )
     row = 0
