@@ -1,10 +1,10 @@
 """Camera frames of a LeRobot v3.0 dataset: mp4 files located by episode, or PNGs in the parquet.
 
-``fill(rows, out)`` writes the frames of dataset rows into a uint8 ``(n, 3, H, W)`` buffer. For
-videos the requests of a whole batch are grouped by file; each file's reader gets its frame
-indices sorted and without duplicates (a frame asked for twice is decoded once), so that it can
-decode forward instead of seeking, and the decoded times are checked against the requested
-ones within ``tolerance_s``. Nothing here holds state that changes what a batch contains.
+``read(rows)`` returns the frames of dataset rows as uint8 ``(n, 3, H, W)``. For videos the
+requests of a whole batch are grouped by file, one reader call per file (which decodes each
+distinct frame once, in file order); when one file serves the whole batch its decoder's output
+is the batch tensor, with no copy. The decoded times are checked against the requested ones
+within ``tolerance_s``. Nothing here holds state that changes what a batch contains.
 """
 
 from __future__ import annotations
@@ -158,48 +158,54 @@ class VideoFrames:
     def _reader(self, file_id: int):
         return self._readers.get(self.paths[file_id], float(self.fps[file_id]), self._gop)
 
-    def fill(self, rows: np.ndarray, out: torch.Tensor) -> None:
-        """Decode the frames of dataset ``rows`` into ``out[i]`` (uint8 ``(n, 3, H, W)``)."""
+    def read(self, rows: np.ndarray) -> torch.Tensor:
+        """Decode the frames of dataset ``rows``: uint8 ``(len(rows), 3, H, W)``."""
         episode = self._row_episode[rows]
         file_id = self._episode_file[episode]
         times = self._from_s[episode] + self._row_timestamp[rows]
-        for f in np.unique(file_id).tolist():
+        files = np.unique(file_id)
+        out = None if len(files) == 1 else torch.empty((len(rows), *self.shape), dtype=torch.uint8)
+        for f in files.tolist():
             sel = np.flatnonzero(file_id == f)
-            wanted = np.rint(times[sel] * self.fps[f]).astype(np.int64)
-            unique, inverse = np.unique(wanted, return_inverse=True)
-            path = self.paths[f]
-            if unique[0] < 0 or unique[-1] >= self.num_frames[f]:
-                j = int(np.flatnonzero((wanted < 0) | (wanted >= self.num_frames[f]))[0])
-                raise CameraError(
-                    self._missing(path, rows[sel[j]], times[sel[j]], "beyond its end")
-                )
-            try:
-                frames, decoded = self._reader(f).frames_at(unique)
-            except Exception as exc:
-                self._readers.drop(path)
-                j = int(sel[0])
-                raise CameraError(
-                    f"{path}: decoding frames at {_short(np.round(times[sel], 4).tolist())} s "
-                    f"(episodes {_short(np.unique(self._episode_index[episode[sel]]).tolist())}) "
-                    f"failed: {type(exc).__name__}: {exc}; first request: "
-                    f"{self._where(rows[j], times[j])}. The file is corrupt: download it again."
-                ) from None
-            error = np.abs(decoded[inverse] - times[sel])
-            bad = ~(error < self.tolerance_s)
-            if bad.any():
-                j = int(np.flatnonzero(bad)[0])
-                got = decoded[inverse[j]]
-                found = "no frame" if np.isnan(got) else f"the nearest frame at {got:.6f} s"
-                raise CameraError(
-                    self._missing(path, rows[sel[j]], times[sel[j]], f"{found} decodes there")
-                )
-            if tuple(frames.shape[1:]) != self.shape:
-                raise CameraError(
-                    f"{path}: decoded frames have shape {list(frames.shape[1:])}, meta/info.json "
-                    f"declares {list(self.shape)} (C, H, W) for camera {self.key!r}"
-                )
+            frames = self._read_file(f, rows[sel], times[sel], episode[sel])
+            if out is None:
+                return frames
             # numpy's fancy-index copy is ~20x faster than torch's index_put for uint8 frames.
-            out.numpy()[sel] = frames.numpy()[inverse]
+            out.numpy()[sel] = frames.numpy()
+        return out
+
+    def _read_file(
+        self, f: int, rows: np.ndarray, times: np.ndarray, episode: np.ndarray
+    ) -> torch.Tensor:
+        path = self.paths[f]
+        wanted = np.rint(times * self.fps[f]).astype(np.int64)
+        outside = (wanted < 0) | (wanted >= self.num_frames[f])
+        if outside.any():
+            j = int(np.flatnonzero(outside)[0])
+            raise CameraError(self._missing(path, rows[j], times[j], "beyond its end"))
+        try:
+            frames, decoded = self._reader(f).frames_at(wanted)
+        except Exception as exc:
+            self._readers.drop(path)
+            raise CameraError(
+                f"{path}: decoding frames at {_short(np.round(times, 4).tolist())} s "
+                f"(episodes {_short(np.unique(self._episode_index[episode]).tolist())}) "
+                f"failed: {type(exc).__name__}: {exc}; first request: "
+                f"{self._where(rows[0], times[0])}. The file is corrupt: download it again."
+            ) from None
+        bad = ~(np.abs(decoded - times) < self.tolerance_s)
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            found = (
+                "no frame" if np.isnan(decoded[j]) else f"the nearest frame at {decoded[j]:.6f} s"
+            )
+            raise CameraError(self._missing(path, rows[j], times[j], f"{found} decodes there"))
+        if tuple(frames.shape[1:]) != self.shape:
+            raise CameraError(
+                f"{path}: decoded frames have shape {list(frames.shape[1:])}, meta/info.json "
+                f"declares {list(self.shape)} (C, H, W) for camera {self.key!r}"
+            )
+        return frames
 
     def _where(self, row: int, time_s: float) -> str:
         episode = int(self._episode_index[self._row_episode[row]])
@@ -222,7 +228,8 @@ class ImageFrames:
         self.shape = shape
         self._data = data
 
-    def fill(self, rows: np.ndarray, out: torch.Tensor) -> None:
+    def read(self, rows: np.ndarray) -> torch.Tensor:
+        """The frames of dataset ``rows``: uint8 ``(len(rows), 3, H, W)``."""
         from PIL import Image
 
         unique, inverse = np.unique(rows, return_inverse=True)
@@ -239,7 +246,9 @@ class ImageFrames:
                     f"meta/info.json declares {[self.shape[1], self.shape[2], 3]}"
                 )
             frames[j] = torch.from_numpy(array).permute(2, 0, 1)
-        out.numpy()[:] = frames.numpy()[inverse]
+        if len(unique) == len(rows) and np.array_equal(unique, rows):
+            return frames
+        return torch.from_numpy(frames.numpy()[inverse])
 
 
 def _short(values: list, limit: int = 8) -> str:

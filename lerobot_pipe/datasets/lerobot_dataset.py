@@ -9,6 +9,7 @@ assembled: in the loader for CPU training, on the GPU after the copy otherwise.
 
 from __future__ import annotations
 
+import glob
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -94,7 +95,7 @@ def resolve_dataset_root(
                     p for p in needed_video_files(root, episodes) if not (root / p).is_file()
                 ]
                 if missing:
-                    _download(repo_id, revision, root, missing, "video files")
+                    _download(repo_id, revision, root, _exact(missing), "video files")
             return root
         if repo_id is None:
             raise DatasetError(
@@ -110,7 +111,7 @@ def resolve_dataset_root(
         )
     videos = needed_video_files(path, episodes)
     if videos:
-        path = _download(repo_id, revision, root, DOWNLOAD_PATTERNS + videos, "video files")
+        path = _download(repo_id, revision, root, DOWNLOAD_PATTERNS + _exact(videos), "video files")
     return path
 
 
@@ -170,6 +171,11 @@ def needed_video_files(root: Path, episodes: list[int] | None = None) -> list[st
             ) from None
         paths.update(template.format(video_key=key, chunk_index=c, file_index=f) for c, f in pairs)
     return sorted(paths)
+
+
+def _exact(paths: list[str]) -> list[str]:
+    """Download patterns (fnmatch) that match exactly these paths."""
+    return [glob.escape(path) for path in paths]
 
 
 def _read_episodes(root: Path, episodes: list[int] | None) -> dict[str, np.ndarray] | None:
@@ -575,13 +581,12 @@ class LeRobotDataset:
             if offsets is not None:
                 batch[f"{key}_is_pad"] = torch.from_numpy((rows < lo) | (rows > hi))
             rows = np.clip(rows, lo, hi)
-            frames = torch.empty(
-                (rows.size, *self.camera_shapes[key]), dtype=torch.uint8, pin_memory=pin_memory
-            )
             try:
-                camera.fill(rows.reshape(-1), frames)
+                frames = camera.read(rows.reshape(-1))
             except CameraError as exc:
                 raise DatasetError(str(exc)) from None
+            if pin_memory:
+                frames = torch.empty_like(frames, pin_memory=True).copy_(frames)
             shape = (len(idx),) if offsets is None else (len(idx), len(offsets))
             batch[key] = frames.view(*shape, *self.camera_shapes[key])
         if not raw_cameras:

@@ -36,6 +36,8 @@ class BatchPrefetcher:
     ``device``: where the batch is used. On a CUDA device camera frames travel as uint8 in
     pinned memory, are copied asynchronously and become float32 (and are augmented) on the
     device; otherwise the workers finish them. Tensors of a batch are then on ``device``.
+    ``raw_cameras``: hand camera frames out as uint8, as LeRobot's ``return_uint8`` loader does
+    (the consumer converts them; not with image transforms, which work on float frames).
     """
 
     def __init__(
@@ -46,6 +48,7 @@ class BatchPrefetcher:
         *,
         device: torch.device | str | None = None,
         prefetch: int | None = None,
+        raw_cameras: bool = False,
     ) -> None:
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}.")
@@ -56,10 +59,16 @@ class BatchPrefetcher:
         self.num_workers = num_workers
         self.device = torch.device(device) if device is not None else None
         self._cameras = bool(getattr(dataset, "camera_keys", None))
+        if raw_cameras and self._cameras and dataset.image_transforms.enabled:
+            raise ValueError(
+                "raw_cameras=True hands out frames before the image transforms, which are "
+                "enabled: leave raw_cameras off (or --dataset.image_transforms.enable=false)."
+            )
         # Frames are finished where they are used: on the GPU after a uint8 copy.
-        self._finish_on_device = (
-            self._cameras and self.device is not None and self.device.type == "cuda"
-        )
+        on_gpu = self.device is not None and self.device.type == "cuda"
+        self._raw = self._cameras and (raw_cameras or on_gpu)
+        self._finish_on_device = self._cameras and on_gpu and not raw_cameras
+        self._pin = self._raw and on_gpu
         self._prefetch = prefetch or 2 * num_workers
         self._start = sampler.samples_consumed
         self._handed = 0
@@ -85,8 +94,8 @@ class BatchPrefetcher:
         batch = self.dataset.get_batch(
             indices,
             sample_keys=keys,
-            raw_cameras=self._finish_on_device,
-            pin_memory=self._finish_on_device,
+            raw_cameras=self._raw,
+            pin_memory=self._pin,
         )
         return indices, keys, batch
 

@@ -322,11 +322,19 @@ def _build(name: str, cfg: ImageTransformConfig) -> _Transform:
 
 
 class ImageTransforms:
-    """Applies ``cfg`` to batches of camera frames ``(B, [T,] 3, H, W)`` in [0, 1]."""
+    """Applies ``cfg`` to batches of camera frames ``(B, [T,] 3, H, W)`` in [0, 1].
+
+    ``cfg`` may also be any object with the same attributes (a training config's section) and
+    its ``tfs`` entries plain ``{"weight", "type", "kwargs"}`` dicts, as train_config.json has.
+    """
 
     def __init__(self, cfg: ImageTransformsConfig) -> None:
         self.cfg = cfg
-        chosen = {name: tf for name, tf in cfg.tfs.items() if tf.weight > 0}
+        tfs = {
+            name: tf if isinstance(tf, ImageTransformConfig) else ImageTransformConfig(**tf)
+            for name, tf in cfg.tfs.items()
+        }
+        chosen = {name: tf for name, tf in tfs.items() if tf.weight > 0}
         self.names = list(chosen)
         self.transforms = [_build(f"tfs.{name}", tf) for name, tf in chosen.items()]
         weights = np.array([tf.weight for tf in chosen.values()], dtype=np.float64)

@@ -1,9 +1,11 @@
 """LeRobot's camera videos: encode them as LeRobot does, check their headers, decode frames.
 
 Decoding goes through torchcodec (LeRobot's default) or PyAV. A reader is one open file used by
-one thread: it returns the frames at sorted, unique frame indices as uint8 ``(n, 3, H, W)``
-together with their presentation times, so that the caller can check them against the times it
-asked for. Readers are cheap to keep open and expensive to reopen, hence ``ReaderCache``.
+one thread: it returns the frames at given frame indices (any order, repeats allowed) as uint8
+``(n, 3, H, W)`` in that order, together with their presentation times, so that the caller can
+check them against the times it asked for. Each distinct frame is decoded once, in file order,
+decoding forward between nearby frames instead of seeking. Readers are cheap to keep open and
+expensive to reopen, hence ``ReaderCache``.
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ class Reader(Protocol):
     num_frames: int
 
     def frames_at(self, indices: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        """uint8 ``(n, 3, H, W)`` frames at sorted unique ``indices``, and their times (s)."""
+        """uint8 ``(n, 3, H, W)`` frames at ``indices`` (in that order), and their times (s)."""
         ...
 
     def close(self) -> None: ...
@@ -204,6 +206,7 @@ class TorchCodecReader:
         self.num_frames = int(metadata.num_frames or 0)
 
     def frames_at(self, indices: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        # torchcodec sorts the indices and decodes each distinct frame once.
         batch = self._decoder.get_frames_at(indices=indices.tolist())
         return batch.data, batch.pts_seconds.numpy()
 
@@ -247,6 +250,15 @@ class PyAVReader:
         self._last_s = -np.inf
 
     def frames_at(self, indices: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        unique, inverse = np.unique(indices, return_inverse=True)
+        frames, times = self._decode_sorted(unique)
+        if len(unique) == len(indices) and np.array_equal(unique, indices):
+            return frames, times
+        out = torch.empty((len(indices), *frames.shape[1:]), dtype=torch.uint8)
+        np.take(frames.numpy(), inverse, axis=0, out=out.numpy())
+        return out, times[inverse]
+
+    def _decode_sorted(self, indices: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         height = self._stream.codec_context.height
         width = self._stream.codec_context.width
         out = torch.empty((len(indices), 3, height, width), dtype=torch.uint8)

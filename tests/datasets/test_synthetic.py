@@ -161,3 +161,77 @@ def test_idempotent_refuse_and_overwrite(tmp_path: Path) -> None:
     write_synthetic_dataset(empty, num_episodes=1, episode_length=3)
     assert LeRobotDataset(empty).num_frames == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "empty", "other"]
+
+
+def test_camera_dataset_metadata(camera_root: Path, camera_params: dict) -> None:
+    info = json.loads((camera_root / "meta/info.json").read_text())
+    size, fps = camera_params["image_size"], camera_params["fps"]
+    assert info["video_path"] == (
+        "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+    )
+    top = info["features"]["observation.images.top"]
+    assert top["dtype"] == "video" and top["shape"] == [size, size, 3]
+    assert top["names"] == ["height", "width", "channels"]
+    expected = {
+        "video.height": size,
+        "video.width": size,
+        "video.codec": "av1",
+        "video.pix_fmt": "yuv420p",
+        "video.fps": fps,
+        "video.channels": 3,
+        "has_audio": False,
+        "video.g": 2,
+        "video.crf": 30,
+        "is_depth_map": False,  # the key LeRobot 0.6.1 writes (no "video." prefix)
+    }
+    assert expected.items() <= top["info"].items()
+    episodes = pd.read_parquet(camera_root / "meta/episodes/chunk-000/file-000.parquet")
+    length = camera_params["episode_length"]
+    for key in ("observation.images.top", "observation.images.wrist"):
+        assert (episodes[f"videos/{key}/chunk_index"] == 0).all()
+        assert (episodes[f"videos/{key}/file_index"] == 0).all()
+        starts = episodes[f"videos/{key}/from_timestamp"].to_numpy()
+        np.testing.assert_allclose(starts, np.arange(len(episodes)) * length / fps)
+        np.testing.assert_allclose(episodes[f"videos/{key}/to_timestamp"], starts + length / fps)
+        video = camera_root / f"videos/{key}/chunk-000/file-000.mp4"
+        assert video.is_file()
+    stats = json.loads((camera_root / "meta/stats.json").read_text())["observation.images.top"]
+    for name in ("mean", "std", "min", "max", "q01", "q50", "q99"):
+        value = np.asarray(stats[name])
+        assert value.shape == (3, 1, 1) and value.min() >= 0 and value.max() <= 1, name
+    assert stats["count"] == [camera_params["num_episodes"] * length]
+
+
+def test_pixels_only_variant_hides_the_goal(tmp_path: Path) -> None:
+    from lerobot_pipe.scripts.cli import main
+
+    root = tmp_path / "pixels"
+    assert (
+        main(
+            [
+                "make-dataset",
+                f"--root={root}",
+                "--num_episodes=2",
+                "--episode_length=5",
+                "--cameras=top",
+                "--pixels_only=true",
+            ]
+        )
+        == 0
+    )
+    info = json.loads((root / "meta/info.json").read_text())
+    assert "observation.environment_state" not in info["features"]
+    assert {"observation.state", "action", "observation.images.top"} <= set(info["features"])
+    ds = LeRobotDataset(root)
+    assert "observation.environment_state" not in ds.get_batch([0])
+    with pytest.raises(ValueError, match="pixels_only needs at least one camera"):
+        write_synthetic_dataset(tmp_path / "bad", pixels_only=True)
+    with pytest.raises(ValueError, match=r"cameras \['side'\]"):
+        write_synthetic_dataset(tmp_path / "bad", cameras=["side"])
+
+
+def test_default_has_no_camera(tmp_path: Path) -> None:
+    root = write_synthetic_dataset(tmp_path / "plain", num_episodes=1, episode_length=2)
+    features = json.loads((root / "meta/info.json").read_text())["features"]
+    assert not [k for k, ft in features.items() if ft["dtype"] in ("video", "image")]
+    assert not (root / "videos").exists()

@@ -5,6 +5,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -131,3 +132,17 @@ def test_subsets_follow_weights_and_size() -> None:
 def test_unsupported_configurations_are_refused(tfs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         _enabled(tfs=tfs)
+
+
+def test_a_config_section_with_plain_dicts_works_the_same() -> None:
+    """train_config.json's form: the same attributes, ``tfs`` entries as plain dicts."""
+    section = SimpleNamespace(
+        enable=True,
+        max_num_transforms=3,
+        random_order=True,
+        tfs={k: dataclasses.asdict(v) for k, v in T.ImageTransformsConfig().tfs.items()},
+    )
+    frames = torch.from_numpy(_frames())
+    keys = np.arange(len(frames))
+    expected = _enabled(random_order=True)(frames, keys, 0)
+    torch.testing.assert_close(T.ImageTransforms(section)(frames, keys, 0), expected)
