@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from lerobot_pipe.datasets.video import ReaderCache, VideoError, probe_video
+from lerobot_pipe.datasets.video import Reader, ReaderCache, VideoError, probe_video
 
 
 class CameraError(ValueError):
@@ -155,7 +155,7 @@ class VideoFrames:
                 "Download it again."
             )
 
-    def _reader(self, file_id: int):
+    def _reader(self, file_id: int) -> Reader:
         return self._readers.get(self.paths[file_id], float(self.fps[file_id]), self._gop)
 
     def read(self, rows: np.ndarray) -> torch.Tensor:

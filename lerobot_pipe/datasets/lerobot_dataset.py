@@ -383,7 +383,9 @@ class LeRobotDataset:
         ]
         self.video_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "video"]
         self.image_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "image"]
-        self.camera_keys = [k for k in self.features if k in self.video_keys + self.image_keys]
+        self.camera_keys = [
+            k for k, ft in self.features.items() if ft.get("dtype") in CAMERA_DTYPES
+        ]
         info_path = self.root / DATASET_INFO
         try:
             self.camera_shapes = {

@@ -123,20 +123,23 @@ class VideoWriter:
                     template=stream, opaque=True
                 )
                 self._stream.time_base = stream.time_base
-            shift, end = self._end, self._end
+            shift = self._end
             for packet in source.demux(stream):
                 if packet.dts is None:  # the demuxer's end-of-stream marker
                     continue
-                end = max(end, shift + packet.pts + packet.duration)
+                self._end = max(self._end, shift + packet.pts + packet.duration)
                 packet.pts += shift
                 packet.dts += shift
                 packet.stream = self._stream
                 self._container.mux(packet)
                 self.num_frames += 1
                 self.size_mb += packet.size / 1e6
-            self._end = end
-            duration = float(stream.duration * stream.time_base) if stream.duration else 0.0
-        self._time_s = start_s + (duration or float((end - shift) * self._stream.time_base))
+            # The episode's duration as LeRobot reads it (its get_video_duration_in_s).
+            if stream.duration is not None:
+                duration = float(stream.duration * stream.time_base)
+            else:
+                duration = source.duration / av.time_base
+        self._time_s = start_s + duration
         return start_s, self._time_s
 
     def close(self) -> None:
