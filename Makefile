@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[pipeline,dev]'
+	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[pipeline,dev,torchcodec]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -52,7 +52,12 @@ DATASET_INFO = "meta/info.json"
 DATASET_STATS = "meta/stats.json"
 DATASET_TASKS = "meta/tasks.parquet"
 DATASET_EPISODES_GLOB = "meta/episodes/*/*.parquet"
+DATASET_EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+DATASET_DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+DATASET_VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 DATASET_CODEBASE_VERSION = "v3.0"
+# The parameters lerobot_pipe's synthetic dataset was generated with (LeRobot ignores the file).
+DATASET_SYNTHETIC_PARAMS = "meta/synthetic.json"
 
 # Pipeline receipts.
 PUBLISH_RECEIPT = "publish_receipt.json"

@@ -1,11 +1,15 @@
-"""Reader for LeRobot v3.0 datasets holding numeric (non-camera) features.
+"""Reader for LeRobot v3.0 datasets: numeric features and cameras (mp4 videos or PNG images).
 
-Every parquet file is read once at open into contiguous numpy arrays; ``get_batch``
-then gathers a whole batch (including delta-timestamp windows) with numpy fancy indexing.
+Every parquet file is read once at open into contiguous numpy arrays; ``get_batch`` then
+gathers a whole batch (including delta-timestamp windows) with numpy fancy indexing, and
+decodes its camera frames batch-wise (``cameras.py``) into uint8 buffers. uint8 frames become
+float32 in [0, 1] (and are augmented) in ``prepare_cameras``, which runs after the batch is
+assembled: in the loader for CPU training, on the GPU after the copy otherwise.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +25,11 @@ from lerobot_pipe.constants import (
     DATASET_EPISODES_GLOB,
     DATASET_INFO,
     DATASET_STATS,
+    DATASET_VIDEO_PATH,
 )
+from lerobot_pipe.datasets.cameras import CameraError, ImageFrames, VideoFrames, frame_shape
+from lerobot_pipe.datasets.transforms import ImageTransforms, ImageTransformsConfig
+from lerobot_pipe.datasets.video import ReaderCache, VideoError, resolve_video_backend
 
 # Bookkeeping columns every v3.0 data file carries, with the dtype get_batch returns them in.
 META_COLUMNS: dict[str, np.dtype] = {
@@ -49,9 +57,14 @@ NUMERIC_DTYPES = frozenset(
     }
 )
 REQUIRED_STATS = ("mean", "std", "min", "max")
-# Largest distance (seconds) a delta timestamp may sit from a multiple of 1/fps.
-DELTA_TOLERANCE_S = 1e-4
+# LeRobot's --tolerance_s default: how far (s) a decoded frame's time may sit from the requested
+# one, and a delta timestamp from a multiple of 1/fps.
+DEFAULT_TOLERANCE_S = 1e-4
 DOWNLOAD_PATTERNS = ["meta/**", "data/**", "*.md", "*.json"]
+# What --dataset.use_imagenet_stats puts in place of the camera mean/std (LeRobot's values).
+IMAGENET_STATS = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+# Key frame interval assumed when meta/info.json does not give one (LeRobot's encoder default).
+DEFAULT_GOP = 2
 
 
 class DatasetError(ValueError):
@@ -59,19 +72,30 @@ class DatasetError(ValueError):
 
 
 def resolve_dataset_root(
-    root: str | Path | None, repo_id: str | None, revision: str | None = None
+    root: str | Path | None,
+    repo_id: str | None,
+    revision: str | None = None,
+    episodes: list[int] | None = None,
 ) -> Path:
     """Return a local folder holding ``meta/info.json``, downloading from the Hub if needed.
 
-    With ``root`` already holding a dataset it is returned as is. Otherwise, when
-    ``repo_id`` is set, the dataset's metadata and data files (never videos) are
-    downloaded into ``root`` or, without ``root``, into the Hugging Face cache.
+    With ``root`` already holding a dataset it is returned as is (after fetching, when
+    ``repo_id`` is set, the video files it lacks). Otherwise, when ``repo_id`` is set, the
+    dataset's metadata and data files are downloaded into ``root`` or, without ``root``, into
+    the Hugging Face cache, and then the video files of ``episodes`` (all episodes when None),
+    no others. huggingface_hub resumes interrupted downloads and skips files already there.
     """
     if root is None and repo_id is None:
         raise DatasetError("No dataset given: pass --dataset.root or --dataset.repo_id.")
     if root is not None:
         root = Path(root).expanduser()
         if (root / DATASET_INFO).is_file():
+            if repo_id is not None:
+                missing = [
+                    p for p in needed_video_files(root, episodes) if not (root / p).is_file()
+                ]
+                if missing:
+                    _download(repo_id, revision, root, _exact(missing), "video files")
             return root
         if repo_id is None:
             raise DatasetError(
@@ -79,6 +103,21 @@ def resolve_dataset_root(
                 "Point --dataset.root at a dataset folder (the one holding meta/ and data/), "
                 "or also pass --dataset.repo_id to download it there."
             )
+    path = _download(repo_id, revision, root, DOWNLOAD_PATTERNS, "dataset")
+    if not (path / DATASET_INFO).is_file():
+        raise DatasetError(
+            f"{path / DATASET_INFO}: not found after downloading repo_id={repo_id!r} "
+            f"(revision={revision!r}); the repository is not a LeRobot v3.0 dataset."
+        )
+    videos = needed_video_files(path, episodes)
+    if videos:
+        path = _download(repo_id, revision, root, DOWNLOAD_PATTERNS + _exact(videos), "video files")
+    return path
+
+
+def _download(
+    repo_id: str, revision: str | None, root: Path | None, patterns: list[str], what: str
+) -> Path:
     import huggingface_hub
 
     where = f"into {root}" if root is not None else "into the Hugging Face cache"
@@ -88,22 +127,82 @@ def resolve_dataset_root(
             repo_type="dataset",
             revision=revision,
             local_dir=root,
-            allow_patterns=DOWNLOAD_PATTERNS,
+            allow_patterns=patterns,
         )
     except Exception as exc:
-        missing = f"{root} does not hold a dataset (no {DATASET_INFO}) and " if root else ""
-        raise DatasetError(
-            f"{missing}downloading dataset repo_id={repo_id!r} (revision={revision!r}) {where} "
-            f"failed: {type(exc).__name__}: {str(exc).rstrip('.')}. Check the repo_id, your network and "
-            "HF_TOKEN, or pass --dataset.root pointing at a local copy."
-        ) from exc
-    path = Path(downloaded)
-    if not (path / DATASET_INFO).is_file():
-        raise DatasetError(
-            f"{path / DATASET_INFO}: not found after downloading repo_id={repo_id!r} "
-            f"(revision={revision!r}); the repository is not a LeRobot v3.0 dataset."
+        missing = (
+            f"{root} does not hold a dataset (no {DATASET_INFO}) and "
+            if root is not None and not (root / DATASET_INFO).is_file()
+            else ""
         )
-    return path
+        raise DatasetError(
+            f"{missing}downloading {what} of dataset repo_id={repo_id!r} (revision={revision!r}) "
+            f"{where} failed: {type(exc).__name__}: {str(exc).rstrip('.')}. Check the repo_id, "
+            "your network and HF_TOKEN, or pass --dataset.root pointing at a local copy."
+        ) from exc
+    return Path(downloaded)
+
+
+def needed_video_files(root: Path, episodes: list[int] | None = None) -> list[str]:
+    """Paths (relative to ``root``) of the mp4 files the ``episodes`` need, from the metadata."""
+    info = _read_info(root)
+    video_keys = [k for k, ft in info["features"].items() if ft.get("dtype") == "video"]
+    if not video_keys:
+        return []
+    table = _read_episodes(root, episodes)
+    if table is None:
+        raise DatasetError(
+            f"{root / 'meta/episodes'}: no episodes metadata, so the video files of cameras "
+            f"{video_keys} cannot be located. Download the dataset's meta/ folder again."
+        )
+    template = info.get("video_path") or DATASET_VIDEO_PATH
+    paths = set()
+    for key in video_keys:
+        try:
+            pairs = zip(
+                table[f"videos/{key}/chunk_index"].tolist(),
+                table[f"videos/{key}/file_index"].tolist(),
+                strict=True,
+            )
+        except KeyError as exc:
+            raise DatasetError(
+                f"{root / 'meta/episodes'}: column {exc.args[0]!r} is missing; the video files "
+                f"of camera {key!r} cannot be located. Download the dataset again."
+            ) from None
+        paths.update(template.format(video_key=key, chunk_index=c, file_index=f) for c, f in pairs)
+    return sorted(paths)
+
+
+def _exact(paths: list[str]) -> list[str]:
+    """Download patterns (fnmatch) that match exactly these paths."""
+    return [glob.escape(path) for path in paths]
+
+
+def _read_episodes(root: Path, episodes: list[int] | None) -> dict[str, np.ndarray] | None:
+    """meta/episodes columns (scalar ones) of ``episodes``, sorted by episode; None if absent."""
+    files = sorted(root.glob(DATASET_EPISODES_GLOB))
+    if not files:
+        return None
+    parts = []
+    for path in files:
+        try:
+            schema = pq.read_schema(path)
+            scalar = [f.name for f in schema if not pa.types.is_nested(f.type)]
+            parts.append(pq.read_table(path, columns=scalar))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DatasetError(
+                f"{path}: not a readable parquet file: {exc}. The episodes metadata is "
+                "corrupt; download the dataset again."
+            ) from exc
+    table = pa.concat_tables(parts, promote_options="default")
+    columns = {name: table[name].to_numpy() for name in table.column_names}
+    if "episode_index" not in columns:
+        raise DatasetError(f"{files[0]}: column 'episode_index' is missing; download it again.")
+    keep = np.ones(len(columns["episode_index"]), bool)
+    if episodes is not None:
+        keep = np.isin(columns["episode_index"], episodes)
+    order = np.argsort(columns["episode_index"][keep], kind="stable")
+    return {name: values[keep][order] for name, values in columns.items()}
 
 
 def _read_info(root: Path) -> dict[str, Any]:
@@ -131,20 +230,14 @@ def _read_info(root: Path) -> dict[str, Any]:
     for key in ("fps", "features"):
         if key not in info:
             raise DatasetError(f"{path}: required key {key!r} is missing.")
-    camera_keys = sorted(
-        key for key, ft in info["features"].items() if ft.get("dtype") in CAMERA_DTYPES
-    )
-    if camera_keys:
-        raise DatasetError(
-            f"{path}: camera features {camera_keys} have dtype image/video; image inputs are "
-            "not supported yet. Use a dataset with only numeric features "
-            "(observation.state, observation.environment_state, action)."
-        )
     return info
 
 
 def _read_stats(
-    root: Path, features: dict[str, dict[str, Any]], data_keys: list[str]
+    root: Path,
+    features: dict[str, dict[str, Any]],
+    data_keys: list[str],
+    camera_shapes: dict[str, tuple[int, int, int]],
 ) -> dict[str, dict[str, np.ndarray]]:
     path = root / DATASET_STATS
     if not path.is_file():
@@ -175,6 +268,16 @@ def _read_stats(
                 raise DatasetError(
                     f"{path}: {key}.{name} has shape {list(stats[key][name].shape)}, "
                     f"but meta/info.json declares shape {list(shape)}."
+                )
+    for key, (channels, _, _) in camera_shapes.items():
+        for name in REQUIRED_STATS:
+            value = stats.get(key, {}).get(name)
+            if value is not None and value.size == channels:
+                stats[key][name] = value.reshape(channels, 1, 1)
+            elif value is not None:
+                raise DatasetError(
+                    f"{path}: camera {key}.{name} has shape {list(value.shape)}; per-channel "
+                    f"statistics are shaped [{channels}, 1, 1]. Recompute the dataset statistics."
                 )
     return stats
 
@@ -244,12 +347,15 @@ def _column_to_numpy(
 
 
 class LeRobotDataset:
-    """Numeric features of a LeRobot v3.0 dataset, held in memory for vectorised batching.
+    """A LeRobot v3.0 dataset: numeric features held in memory, camera frames decoded per batch.
 
-    ``delta_timestamps`` maps a feature key to offsets in seconds (multiples of 1/fps);
-    those keys come back as windows ``(B, len(deltas), *shape)`` clamped to the episode,
-    with ``<key>_is_pad`` marking clamped positions. ``episodes`` restricts the dataset to
-    those episode indices.
+    ``delta_timestamps`` maps a feature key (numeric or camera) to offsets in seconds (multiples
+    of 1/fps); those keys come back as windows ``(B, len(deltas), ...)`` clamped to the episode,
+    with ``<key>_is_pad`` marking clamped positions. ``episodes`` restricts the dataset to those
+    episode indices. Cameras come back as float32 ``(B, [T,] 3, H, W)`` in [0, 1], as LeRobot's
+    do. ``video_backend`` (``torchcodec`` or ``pyav``; the other one when it does not load here),
+    ``tolerance_s``, ``image_transforms`` and ``use_imagenet_stats`` are LeRobot's options of the
+    same names. Every video file the episodes need is checked when the dataset opens.
     """
 
     def __init__(
@@ -257,45 +363,93 @@ class LeRobotDataset:
         root: str | Path,
         delta_timestamps: dict[str, list[float]] | None = None,
         episodes: list[int] | None = None,
+        *,
+        video_backend: str | None = None,
+        tolerance_s: float = DEFAULT_TOLERANCE_S,
+        image_transforms: ImageTransformsConfig | None = None,
+        use_imagenet_stats: bool = True,
     ) -> None:
         self.root = Path(root)
         self.info = _read_info(self.root)
         self.fps = int(self.info["fps"])
         self.features: dict[str, dict[str, Any]] = self.info["features"]
+        if not tolerance_s > 0:
+            raise DatasetError(f"--tolerance_s={tolerance_s} must be positive")
+        self.tolerance_s = tolerance_s
         self.data_keys = [
             key
             for key, ft in self.features.items()
             if key not in META_COLUMNS and ft.get("dtype") in NUMERIC_DTYPES
         ]
-        self.stats = _read_stats(self.root, self.features, self.data_keys)
+        self.video_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "video"]
+        self.image_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "image"]
+        self.camera_keys = [
+            k for k, ft in self.features.items() if ft.get("dtype") in CAMERA_DTYPES
+        ]
+        info_path = self.root / DATASET_INFO
+        try:
+            self.camera_shapes = {
+                key: frame_shape(key, self.features[key], info_path) for key in self.camera_keys
+            }
+        except CameraError as exc:
+            raise DatasetError(str(exc)) from None
+        self.stats = _read_stats(self.root, self.features, self.data_keys, self.camera_shapes)
+        if use_imagenet_stats:
+            for key in self.camera_keys:
+                self.stats.setdefault(key, {}).update(
+                    {
+                        name: np.asarray(value, dtype=np.float32).reshape(-1, 1, 1)
+                        for name, value in IMAGENET_STATS.items()
+                    }
+                )
         self.episodes = episodes
+        self.image_transforms = ImageTransforms(image_transforms or ImageTransformsConfig())
+        self._images: dict[str, pa.Array] = {}
         self._load(_episode_files(self.root, self.info, episodes))
         self.delta_timestamps = delta_timestamps or {}
         self._delta_offsets = self._frame_offsets(self.delta_timestamps)
+        self.video_backend = None
+        self._cameras: dict[str, VideoFrames | ImageFrames] = {
+            key: ImageFrames(key, self.camera_shapes[key], self._images.pop(key))
+            for key in self.image_keys
+        }
+        if self.video_keys:
+            try:
+                self.video_backend = resolve_video_backend(video_backend)
+            except VideoError as exc:
+                raise DatasetError(str(exc)) from None
+            self._readers = ReaderCache(self.video_backend)
+            self._open_videos()
 
     def _load(self, paths: list[Path]) -> None:
         columns = {key: self.features[key] for key in self.data_keys}
         columns.update({key: {"shape": []} for key in META_COLUMNS})
         dtypes = dict.fromkeys(self.data_keys, np.dtype(np.float32)) | META_COLUMNS
         parts: dict[str, list[np.ndarray]] = {key: [] for key in columns}
+        images: dict[str, list[pa.Array]] = {key: [] for key in self.image_keys}
+        parquet_keys = set(self.features) - set(self.video_keys)
         for path in paths:
             try:
                 names = set(pq.read_schema(path).names)
             except (pa.ArrowInvalid, OSError) as exc:
                 raise DatasetError(f"{path}: not a readable parquet file: {exc}.") from exc
-            missing = sorted((set(self.features) | set(META_COLUMNS)) - names)
+            missing = sorted((parquet_keys | set(META_COLUMNS)) - names)
             if missing:
                 raise DatasetError(
                     f"{path}: columns {missing} are missing from this data file (declared in "
                     "meta/info.json features or required by v3.0). Fix meta/info.json or "
                     "download the dataset again."
                 )
-            table = pq.read_table(path, columns=list(columns))
+            table = pq.read_table(path, columns=list(columns) + self.image_keys)
             for key, ft in columns.items():
                 shape = tuple(ft["shape"])
                 parts[key].append(_column_to_numpy(table[key], shape, dtypes[key], path, key))
+            for key in self.image_keys:
+                images[key].append(_image_bytes(table[key], path, key))
         arrays = {key: np.concatenate(chunks) for key, chunks in parts.items()}
+        image_arrays = {key: pa.concat_arrays(chunks) for key, chunks in images.items()}
 
+        keep = np.ones(len(arrays["index"]), bool)
         if self.episodes is not None:
             keep = np.isin(arrays["episode_index"], self.episodes)
             absent = sorted(set(self.episodes) - set(np.unique(arrays["episode_index"]).tolist()))
@@ -309,6 +463,8 @@ class LeRobotDataset:
         if not np.array_equal(order, np.arange(len(order))):
             arrays = {key: value[order] for key, value in arrays.items()}
         self._arrays = {key: np.ascontiguousarray(value) for key, value in arrays.items()}
+        rows = np.flatnonzero(keep)[order]
+        self._images = {key: value.take(pa.array(rows)) for key, value in image_arrays.items()}
 
         episode_index = self._arrays["episode_index"]
         starts = np.flatnonzero(np.diff(episode_index, prepend=episode_index[:1] - 1))
@@ -325,22 +481,57 @@ class LeRobotDataset:
         self._ep_from = np.repeat(starts, lengths)
         self._ep_to = np.repeat(ends, lengths)
 
+    def _open_videos(self) -> None:
+        table = _read_episodes(self.root, self.episodes)
+        if table is None:
+            raise DatasetError(
+                f"{self.root / 'meta/episodes'}: no episodes metadata, so the video files of "
+                f"cameras {self.video_keys} cannot be located. Download the dataset's meta/ "
+                "folder again."
+            )
+        row_episode = np.searchsorted(table["episode_index"], self._arrays["episode_index"])
+        row_episode = np.minimum(row_episode, len(table["episode_index"]) - 1)
+        if not np.array_equal(table["episode_index"][row_episode], self._arrays["episode_index"]):
+            raise DatasetError(
+                f"{self.root / 'meta/episodes'}: episodes "
+                f"{sorted(set(self._arrays['episode_index'].tolist()) - set(table['episode_index'].tolist()))} "
+                "of the data files are not listed; the metadata is incomplete. Download it again."
+            )
+        template = self.info.get("video_path") or DATASET_VIDEO_PATH
+        for key in self.video_keys:
+            gop = (self.features[key].get("info") or {}).get("video.g") or DEFAULT_GOP
+            try:
+                self._cameras[key] = VideoFrames(
+                    self.root,
+                    key,
+                    self.camera_shapes[key],
+                    template,
+                    table,
+                    row_episode,
+                    self._arrays["timestamp"],
+                    self.tolerance_s,
+                    self._readers,
+                    int(gop),
+                )
+            except CameraError as exc:
+                raise DatasetError(str(exc)) from None
+
     def _frame_offsets(self, delta_timestamps: dict[str, list[float]]) -> dict[str, np.ndarray]:
         offsets = {}
         for key, deltas in delta_timestamps.items():
-            if key not in self._arrays or key in META_COLUMNS:
+            if (key not in self._arrays and key not in self.camera_keys) or key in META_COLUMNS:
                 raise DatasetError(
-                    f"delta_timestamps key {key!r} is not a numeric feature of {self.root}; "
-                    f"choose among {self.data_keys}."
+                    f"delta_timestamps key {key!r} is not a numeric or camera feature of "
+                    f"{self.root}; choose among {self.data_keys + self.camera_keys}."
                 )
             seconds = np.asarray(deltas, dtype=np.float64)
             frames = np.round(seconds * self.fps)
-            bad = np.abs(seconds - frames / self.fps) > DELTA_TOLERANCE_S
+            bad = np.abs(seconds - frames / self.fps) > self.tolerance_s
             if seconds.ndim != 1 or seconds.size == 0 or bad.any():
                 raise DatasetError(
                     f"delta_timestamps[{key!r}] = {list(deltas)} must be a non-empty list of "
                     f"multiples of 1/fps = {1 / self.fps:g} s (fps {self.fps} from "
-                    f"{self.root / DATASET_INFO}), each within {DELTA_TOLERANCE_S} s."
+                    f"{self.root / DATASET_INFO}), each within tolerance_s={self.tolerance_s} s."
                 )
             offsets[key] = frames.astype(np.int64)
         return offsets
@@ -353,8 +544,21 @@ class LeRobotDataset:
             raise IndexError(f"index {idx} out of range for {self.num_frames} frames")
         return {key: value[0] for key, value in self.get_batch([idx % self.num_frames]).items()}
 
-    def get_batch(self, indices: np.ndarray | Sequence[int]) -> dict[str, torch.Tensor]:
-        """Gather frames ``indices`` (row positions in ``[0, len(self))``) into batched tensors."""
+    def get_batch(
+        self,
+        indices: np.ndarray | Sequence[int],
+        *,
+        sample_keys: np.ndarray | None = None,
+        raw_cameras: bool = False,
+        pin_memory: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Gather frames ``indices`` (row positions in ``[0, len(self))``) into batched tensors.
+
+        Cameras come back finished (``prepare_cameras``) unless ``raw_cameras``: then as uint8,
+        to be finished after a copy to the GPU (4x fewer bytes to move). ``sample_keys`` seed
+        the image transforms per sample (see ``prepare_cameras``); ``pin_memory`` allocates the
+        camera buffers in page-locked memory for an asynchronous copy to a CUDA device.
+        """
         idx = np.asarray(indices, dtype=np.int64)
         if idx.ndim != 1:
             raise IndexError(f"indices must be 1-D, got shape {list(idx.shape)}")
@@ -373,4 +577,57 @@ class LeRobotDataset:
             wanted = idx[:, None] + offsets[None, :]
             batch[key] = torch.from_numpy(array[np.clip(wanted, lo, hi)])
             batch[f"{key}_is_pad"] = torch.from_numpy((wanted < lo) | (wanted > hi))
+        for key, camera in self._cameras.items():
+            offsets = self._delta_offsets.get(key)
+            rows = idx[:, None] if offsets is None else idx[:, None] + offsets[None, :]
+            if offsets is not None:
+                batch[f"{key}_is_pad"] = torch.from_numpy((rows < lo) | (rows > hi))
+            rows = np.clip(rows, lo, hi)
+            try:
+                frames = camera.read(rows.reshape(-1))
+            except CameraError as exc:
+                raise DatasetError(str(exc)) from None
+            if pin_memory:
+                frames = torch.empty_like(frames, pin_memory=True).copy_(frames)
+            shape = (len(idx),) if offsets is None else (len(idx), len(offsets))
+            batch[key] = frames.view(*shape, *self.camera_shapes[key])
+        if not raw_cameras:
+            batch = self.prepare_cameras(batch, sample_keys)
         return batch
+
+    def prepare_cameras(
+        self, batch: dict[str, torch.Tensor], sample_keys: np.ndarray | None = None
+    ) -> dict[str, torch.Tensor]:
+        """uint8 camera frames -> float32 in [0, 1], then the image transforms, on their device.
+
+        Each sample's augmentation is drawn from its ``sample_keys`` entry (the loader passes
+        the sample's position in the sampler's stream, so a resumed run repeats it); without
+        keys they come from torch's global RNG, which checkpoints restore.
+        """
+        if not self.camera_keys:
+            return batch
+        out = dict(batch)
+        if self.image_transforms.enabled and sample_keys is None:
+            size = len(next(iter(batch.values())))
+            sample_keys = torch.randint(0, 2**62, (size,), dtype=torch.int64).numpy()
+        for stream, key in enumerate(self.camera_keys):
+            frames = batch[key]
+            if frames.dtype == torch.uint8:
+                frames = frames.to(torch.float32).div_(255.0)
+            if self.image_transforms.enabled:
+                frames = self.image_transforms(frames, np.asarray(sample_keys), stream)
+            out[key] = frames
+        return out
+
+
+def _image_bytes(column: pa.ChunkedArray, path: Path, key: str) -> pa.Array:
+    """The encoded bytes of an image column (HF datasets' Image struct ``{bytes, path}``)."""
+    array = column.combine_chunks()
+    if pa.types.is_struct(array.type) and array.type.get_field_index("bytes") >= 0:
+        return array.field("bytes")
+    if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        return array
+    raise DatasetError(
+        f"{path}: image column {key!r} has type {array.type}; expected the struct "
+        "{bytes, path} LeRobot writes (images embedded in the parquet)."
+    )

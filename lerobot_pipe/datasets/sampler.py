@@ -71,6 +71,12 @@ class GlobalBatchSampler:
             start += take
         return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
 
+    def next_positions(self) -> np.ndarray:
+        """Stream positions of this rank's next batch (what ``next_indices`` will return the
+        dataset indices of); they identify each sample draw, e.g. to seed its augmentation."""
+        start = self.samples_consumed + self.dp_rank * self.batch_size
+        return np.arange(start, start + self.batch_size, dtype=np.int64)
+
     def next_indices(self) -> np.ndarray:
         """This rank's dataset indices for the next step; advances by one global batch."""
         start = self.samples_consumed + self.dp_rank * self.batch_size

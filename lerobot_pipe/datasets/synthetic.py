@@ -3,6 +3,11 @@
 The agent starts at a random point in [-1, 1]^2 and a scripted expert commands its next
 position: one step of at most ``MAX_SPEED / fps`` towards the goal, plus a little smooth
 (AR(1)) noise. The agent tracks the command exactly, so a tiny ACT policy learns it quickly.
+
+With ``cameras`` the scene is also rendered: ``top`` sees the whole workspace (goal and agent
+as soft blobs, smooth enough that AV1 at LeRobot's crf 30 keeps them), ``wrist`` is centred on
+the agent and sees the goal's offset. ``pixels_only`` drops ``observation.environment_state``
+(the goal), so that only the images tell where to go.
 """
 
 from __future__ import annotations
@@ -11,49 +16,44 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from lerobot_pipe.constants import (
-    DATASET_CODEBASE_VERSION,
-    DATASET_INFO,
-    DATASET_STATS,
-    DATASET_TASKS,
-)
+from lerobot_pipe.constants import DATASET_SYNTHETIC_PARAMS
 from lerobot_pipe.datasets.lerobot_dataset import DatasetError
+from lerobot_pipe.datasets.writer import DatasetWriter, camera_feature
 
 # Bump when the generated content changes, so older copies on disk are not reused.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 ROBOT_TYPE = "synthetic_point2d"
 TASK = "Move the point to the goal."
 MAX_SPEED = 1.0  # units per second
 NOISE_STD = 0.01  # stationary std of the smooth action noise
 NOISE_CORRELATION = 0.9
-CHUNKS_SIZE = 1000
-DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
-QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
+CAMERA_KEY = "observation.images.{}"
+CAMERA_DTYPES = ("video", "image")
+# Half-width of the workspace each camera sees (world units), around its centre.
+VIEWS = {"top": 1.25, "wrist": 2.25}
+BLOB_SIGMA = 1 / 16  # of the image size
+BACKGROUND = np.array([0.2, 0.2, 0.2])  # a grey that survives RGB -> YUV -> RGB exactly
+GOAL_COLOUR = np.array([0.2, 0.9, 0.3])
+AGENT_COLOUR = np.array([0.95, 0.3, 0.2])
 
 XY = ["x", "y"]
-FEATURES: dict[str, dict[str, Any]] = {
+STATE_FEATURES: dict[str, dict[str, Any]] = {
     "observation.state": {"dtype": "float32", "shape": [2], "names": XY},
     "observation.environment_state": {"dtype": "float32", "shape": [2], "names": XY},
     "action": {"dtype": "float32", "shape": [2], "names": XY},
-    "timestamp": {"dtype": "float32", "shape": [1], "names": None},
-    "frame_index": {"dtype": "int64", "shape": [1], "names": None},
-    "episode_index": {"dtype": "int64", "shape": [1], "names": None},
-    "index": {"dtype": "int64", "shape": [1], "names": None},
-    "task_index": {"dtype": "int64", "shape": [1], "names": None},
 }
 
 
-def _rollout(num_episodes: int, episode_length: int, fps: int, seed: int) -> dict[str, np.ndarray]:
-    """Columns of every frame, episode-major; vector features have shape (N, 2)."""
+def _rollout(
+    num_episodes: int, episode_length: int, fps: int, seed: int
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Columns of every frame, episode-major, vector features of shape (N, 2); and the goals."""
     rng = np.random.default_rng(seed)
     starts = rng.uniform(-1.0, 1.0, size=(num_episodes, 2))
     goals = rng.uniform(-1.0, 1.0, size=(num_episodes, 2))
@@ -76,69 +76,56 @@ def _rollout(num_episodes: int, episode_length: int, fps: int, seed: int) -> dic
     def frames(per_step: np.ndarray) -> np.ndarray:
         return per_step.transpose(1, 0, 2).reshape(-1, 2).astype(np.float32)
 
-    n = num_episodes * episode_length
-    frame_index = np.tile(np.arange(episode_length, dtype=np.int64), num_episodes)
-    return {
+    columns = {
         "observation.state": frames(states),
         "observation.environment_state": np.repeat(goals, episode_length, axis=0).astype(
             np.float32
         ),
         "action": frames(actions),
-        "timestamp": (frame_index / fps).astype(np.float32),
-        "frame_index": frame_index,
-        "episode_index": np.repeat(np.arange(num_episodes, dtype=np.int64), episode_length),
-        "index": np.arange(n, dtype=np.int64),
-        "task_index": np.zeros(n, dtype=np.int64),
     }
+    return columns, goals
 
 
-def _stats(values: np.ndarray) -> dict[str, np.ndarray]:
-    """LeRobot's per-feature statistics over axis 0 of a (frames, dim) array."""
-    values = values.reshape(len(values), -1).astype(np.float64)
-    stats = {
-        "min": values.min(axis=0),
-        "max": values.max(axis=0),
-        "mean": values.mean(axis=0),
-        "std": values.std(axis=0),
-        "count": np.array([len(values)]),
-    }
-    for name, q in QUANTILES.items():
-        stats[name] = np.quantile(values, q, axis=0)
-    return stats
+def _blob(centres: np.ndarray, size: int) -> np.ndarray:
+    """Soft discs ``(n, size, size)`` in [0, 1] at pixel ``centres`` ``(n, 2)`` (x, y)."""
+    pixels = np.arange(size) + 0.5
+    sigma = BLOB_SIGMA * size
+    gx = np.exp(-0.5 * ((pixels[None, :] - centres[:, :1]) / sigma) ** 2)
+    gy = np.exp(-0.5 * ((pixels[None, :] - centres[:, 1:]) / sigma) ** 2)
+    return gy[:, :, None] * gx[:, None, :]
 
 
-def _table(columns: dict[str, np.ndarray]) -> pa.Table:
-    arrays = {}
-    for key, values in columns.items():
-        if values.ndim == 2:
-            flat = pa.array(values.reshape(-1))
-            offsets = pa.array(np.arange(0, values.size + 1, values.shape[1], dtype=np.int32))
-            arrays[key] = pa.ListArray.from_arrays(offsets, flat)
-        else:
-            arrays[key] = pa.array(values)
-    return pa.table(arrays)
+def render(view: str, agent: np.ndarray, goal: np.ndarray, size: int) -> np.ndarray:
+    """uint8 RGB frames ``(n, size, size, 3)`` of ``view`` for agent/goal positions ``(n, 2)``.
+
+    World +y points up in the image; ``wrist`` is centred on the agent."""
+    half = VIEWS[view]
+    centre = agent if view == "wrist" else np.zeros_like(agent)
+
+    def to_pixels(xy: np.ndarray) -> np.ndarray:
+        unit = (xy - centre) / (2 * half) + 0.5
+        return np.stack([unit[:, 0], 1 - unit[:, 1]], axis=1) * size
+
+    image = np.broadcast_to(BACKGROUND, (len(agent), size, size, 3)).copy()
+    for colour, where in ((GOAL_COLOUR, goal), (AGENT_COLOUR, agent)):
+        alpha = _blob(to_pixels(where), size)[..., None]
+        image = image * (1 - alpha) + colour * alpha
+    return np.round(image * 255).astype(np.uint8)
 
 
-def _episodes_table(columns: dict[str, np.ndarray], num_episodes: int, length: int) -> pa.Table:
-    episode_columns: dict[str, Any] = {
-        "episode_index": list(range(num_episodes)),
-        "tasks": [[TASK]] * num_episodes,
-        "length": [length] * num_episodes,
-        "data/chunk_index": [0] * num_episodes,
-        "data/file_index": [0] * num_episodes,
-        "dataset_from_index": [e * length for e in range(num_episodes)],
-        "dataset_to_index": [(e + 1) * length for e in range(num_episodes)],
-        "meta/episodes/chunk_index": [0] * num_episodes,
-        "meta/episodes/file_index": [0] * num_episodes,
-    }
-    for key, values in columns.items():
-        per_episode = [_stats(values[e * length : (e + 1) * length]) for e in range(num_episodes)]
-        for name in per_episode[0]:
-            episode_columns[f"stats/{key}/{name}"] = [s[name].tolist() for s in per_episode]
-    return pa.table(episode_columns)
-
-
-def _card(params: dict[str, int]) -> str:
+def _card(params: dict[str, Any]) -> str:
+    cameras = params["cameras"]
+    seen = (
+        f"Cameras {', '.join(CAMERA_KEY.format(c) for c in cameras)} "
+        f"({params['image_size']}x{params['image_size']}, stored as {params['camera_dtype']})."
+        if cameras
+        else "No cameras."
+    )
+    goal = (
+        "The goal is only visible in the images."
+        if params["pixels_only"]
+        else "The goal is `observation.environment_state`."
+    )
     return f"""---
 license: apache-2.0
 task_categories:
@@ -154,57 +141,43 @@ configs:
 # Synthetic 2-D reaching ({ROBOT_TYPE})
 
 Generated by `lerobot_pipe.datasets.write_synthetic_dataset` with {params}.
-A point agent (`observation.state`) moves towards a goal (`observation.environment_state`);
+A point agent (`observation.state`) moves towards a goal. {goal}
 `action` is the scripted expert's commanded next position (speed at most {MAX_SPEED} unit/s,
-plus smooth noise). LeRobot dataset format v3.0, no cameras.
+plus smooth noise). {seen} LeRobot dataset format v3.0.
 """
 
 
-def _build(folder: Path, params: dict[str, int]) -> None:
+def _build(folder: Path, params: dict[str, Any]) -> None:
     num_episodes, length, fps = params["num_episodes"], params["episode_length"], params["fps"]
-    columns = _rollout(num_episodes, length, fps, params["seed"])
-    n = num_episodes * length
-
-    data_file = folder / DATA_PATH.format(chunk_index=0, file_index=0)
-    data_file.parent.mkdir(parents=True)
-    pq.write_table(_table(columns), data_file)
-    episodes_file = folder / EPISODES_PATH
-    episodes_file.parent.mkdir(parents=True)
-    pq.write_table(_episodes_table(columns, num_episodes, length), episodes_file)
-    tasks = pd.DataFrame({"task_index": [0]}, index=pd.Index([TASK], name="task"))
-    tasks.to_parquet(folder / DATASET_TASKS)
-
-    stats = {
-        key: {k: v.tolist() for k, v in _stats(values).items()} for key, values in columns.items()
+    size, cameras = params["image_size"], params["cameras"]
+    columns, goals = _rollout(num_episodes, length, fps, params["seed"])
+    if params["pixels_only"]:
+        del columns["observation.environment_state"]
+    features = {key: STATE_FEATURES[key] for key in columns} | {
+        CAMERA_KEY.format(view): camera_feature(params["camera_dtype"], size, size)
+        for view in cameras
     }
-    (folder / DATASET_STATS).write_text(json.dumps(stats, indent=4))
-    info = {
-        "codebase_version": DATASET_CODEBASE_VERSION,
-        "robot_type": ROBOT_TYPE,
-        "total_episodes": num_episodes,
-        "total_frames": n,
-        "total_tasks": 1,
-        "chunks_size": CHUNKS_SIZE,
-        "data_files_size_in_mb": 100,
-        "video_files_size_in_mb": 200,
-        "fps": fps,
-        "splits": {"train": f"0:{num_episodes}"},
-        "data_path": DATA_PATH,
-        "video_path": None,
-        "features": FEATURES,
-        "synthetic": params,
-    }
-    (folder / DATASET_INFO).write_text(json.dumps(info, indent=4))
+    writer = DatasetWriter(folder, fps, features, robot_type=ROBOT_TYPE)
+    for e in range(num_episodes):
+        rows = slice(e * length, (e + 1) * length)
+        agent = columns["observation.state"][rows]
+        goal = np.broadcast_to(goals[e], agent.shape)
+        writer.add_episode(
+            {key: values[rows] for key, values in columns.items()},
+            TASK,
+            {CAMERA_KEY.format(view): render(view, agent, goal, size) for view in cameras},
+        )
+    writer.finish()
+    (folder / DATASET_SYNTHETIC_PARAMS).write_text(json.dumps(params, indent=4))
     (folder / "README.md").write_text(_card(params))
 
 
-def _holds(root: Path, params: dict[str, int]) -> bool:
+def _holds(root: Path, params: dict[str, Any]) -> bool:
     """Whether ``root`` already holds the dataset these parameters generate."""
     try:
-        info = json.loads((root / DATASET_INFO).read_text())
+        return json.loads((root / DATASET_SYNTHETIC_PARAMS).read_text()) == params
     except (OSError, json.JSONDecodeError):
         return False
-    return isinstance(info, dict) and info.get("synthetic") == params
 
 
 def write_synthetic_dataset(
@@ -214,9 +187,18 @@ def write_synthetic_dataset(
     episode_length: int = 100,
     fps: int = 10,
     seed: int = 0,
+    cameras: Sequence[str] = (),
+    image_size: int = 64,
+    camera_dtype: str = "video",
+    pixels_only: bool = False,
     overwrite: bool = False,
 ) -> Path:
     """Write the synthetic reaching dataset to ``root`` atomically and return ``root``.
+
+    ``cameras`` names the rendered views (``top``, ``wrist``; none by default: numeric
+    features only), ``image_size`` their square side in pixels, ``camera_dtype`` how they are
+    stored (``video``: AV1 mp4 as LeRobot encodes it; ``image``: PNG in the parquet), and
+    ``pixels_only`` leaves out ``observation.environment_state`` (the goal).
 
     Returns at once when ``root`` already holds the same dataset (same parameters).
     An existing non-empty ``root`` holding anything else is refused unless ``overwrite``.
@@ -226,6 +208,15 @@ def write_synthetic_dataset(
             f"num_episodes ({num_episodes}), episode_length ({episode_length}) and fps ({fps}) "
             "must all be at least 1."
         )
+    unknown = sorted(set(cameras) - set(VIEWS))
+    if unknown or len(set(cameras)) != len(cameras):
+        raise ValueError(f"cameras {list(cameras)}: each must be one of {list(VIEWS)}, once")
+    if camera_dtype not in CAMERA_DTYPES:
+        raise ValueError(f"camera_dtype {camera_dtype!r} must be one of {list(CAMERA_DTYPES)}")
+    if pixels_only and not cameras:
+        raise ValueError("pixels_only needs at least one camera (cameras=['top'])")
+    if cameras and not 16 <= image_size <= 1024:
+        raise ValueError(f"image_size {image_size} must lie in [16, 1024]")
     root = Path(root).expanduser().absolute()
     params = {
         "generator_version": GENERATOR_VERSION,
@@ -233,6 +224,10 @@ def write_synthetic_dataset(
         "episode_length": episode_length,
         "fps": fps,
         "seed": seed,
+        "cameras": list(cameras),
+        "image_size": image_size if cameras else None,
+        "camera_dtype": camera_dtype if cameras else None,
+        "pixels_only": pixels_only,
     }
     if _holds(root, params):
         return root
@@ -253,7 +248,7 @@ def write_synthetic_dataset(
     return root
 
 
-def _move_into_place(tmp: Path, root: Path, params: dict[str, int], overwrite: bool) -> None:
+def _move_into_place(tmp: Path, root: Path, params: dict[str, Any], overwrite: bool) -> None:
     """Rename ``tmp`` to ``root``; an existing ``root`` is moved aside first when allowed."""
     try:
         os.replace(tmp, root)  # succeeds when root is absent or an empty folder

@@ -1,6 +1,8 @@
 """``lerobot-pipe``: the small commands the pipeline's rules call (each a library function).
 
-lerobot-pipe make-dataset --root=DIR [--num_episodes=N --episode_length=N --fps=N --seed=N]
+lerobot-pipe make-dataset --root=DIR [--num_episodes=N --episode_length=N --fps=N --seed=N
+                          --cameras=top[,wrist] --image_size=64 --camera_dtype=video|image
+                          --pixels_only=false]
 lerobot-pipe validate --nproc_per_node=N [--nnodes=M] [--write_resolved=PATH] <lerobot-train flags>
 lerobot-pipe resume-args --output_dir=DIR
 lerobot-pipe list-checkpoints --output_dir=DIR
@@ -43,12 +45,27 @@ def cmd_make_dataset(argv: list[str]) -> int:
     from lerobot_pipe.datasets import write_synthetic_dataset
 
     flags = split_flags(argv)
-    allowed = ["root", "num_episodes", "episode_length", "fps", "seed", "overwrite"]
+    allowed = [
+        "root",
+        "num_episodes",
+        "episode_length",
+        "fps",
+        "seed",
+        "cameras",
+        "image_size",
+        "camera_dtype",
+        "pixels_only",
+        "overwrite",
+    ]
     kwargs = {
         "num_episodes": _take(flags, "num_episodes", int, 50),
         "episode_length": _take(flags, "episode_length", int, 100),
         "fps": _take(flags, "fps", int, 10),
         "seed": _take(flags, "seed", int, 0),
+        "cameras": _take(flags, "cameras", list[str], []),
+        "image_size": _take(flags, "image_size", int, 64),
+        "camera_dtype": _take(flags, "camera_dtype", str, "video"),
+        "pixels_only": _take(flags, "pixels_only", bool, False),
         "overwrite": _take(flags, "overwrite", bool, False),
     }
     root = _take(flags, "root", str, required=True)

@@ -1,5 +1,9 @@
+import os
 import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,3 +36,70 @@ def synthetic_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def dataset_copy(synthetic_root: Path, tmp_path: Path) -> Path:
     """A private copy of the synthetic dataset that a test may corrupt."""
     return Path(shutil.copytree(synthetic_root, tmp_path / "copy"))
+
+
+CAMERA_EPISODES = 4
+CAMERA_SEED = 5
+IMAGE_SIZE = 64
+# LeRobot's own interpreter (a released lerobot in its own venv), for tests that compare with it.
+UPSTREAM_PYTHON = os.environ.get("LEROBOT_UPSTREAM_PYTHON", "/work/upstream/up061/bin/python")
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="session")
+def camera_params() -> dict[str, Any]:
+    """Parameters of ``camera_root``."""
+    return {
+        "num_episodes": CAMERA_EPISODES,
+        "episode_length": EPISODE_LENGTH,
+        "fps": FPS,
+        "seed": CAMERA_SEED,
+        "cameras": ["top", "wrist"],
+        "image_size": IMAGE_SIZE,
+    }
+
+
+@pytest.fixture(scope="session")
+def camera_root(tmp_path_factory: pytest.TempPathFactory, camera_params: dict) -> Path:
+    """The synthetic dataset with two video cameras, shared (read-only) by the session."""
+    return write_synthetic_dataset(tmp_path_factory.mktemp("cameras") / "ds", **camera_params)
+
+
+@pytest.fixture(scope="session")
+def image_root(tmp_path_factory: pytest.TempPathFactory, camera_params: dict) -> Path:
+    """The same dataset with its cameras stored as PNG images in the parquet."""
+    return write_synthetic_dataset(
+        tmp_path_factory.mktemp("images") / "ds", **camera_params, camera_dtype="image"
+    )
+
+
+@pytest.fixture
+def camera_copy(camera_root: Path, tmp_path: Path) -> Path:
+    """A private copy of the camera dataset that a test may corrupt."""
+    return Path(shutil.copytree(camera_root, tmp_path / "copy"))
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Callable[..., subprocess.CompletedProcess]:
+    """Runs one of this folder's ``upstream_*.py`` scripts with LeRobot's interpreter."""
+    if not Path(UPSTREAM_PYTHON).is_file():
+        pytest.skip(
+            f"LeRobot's interpreter {UPSTREAM_PYTHON} is absent: set LEROBOT_UPSTREAM_PYTHON to "
+            "the python of a venv with lerobot 0.6.1 installed to compare with LeRobot itself"
+        )
+
+    def run(script: str, *args: object) -> subprocess.CompletedProcess:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "SVT_LOG": "1", "OMP_NUM_THREADS": "1"}
+        env.pop("PYTHONPATH", None)
+        result = subprocess.run(
+            [UPSTREAM_PYTHON, str(HERE / script), *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        if result.returncode:
+            raise AssertionError(f"{script} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+        return result
+
+    return run

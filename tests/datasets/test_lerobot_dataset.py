@@ -144,19 +144,6 @@ def test_refuses_incomplete_stats(dataset_copy: Path) -> None:
         LeRobotDataset(dataset_copy)
 
 
-def test_refuses_camera_features(dataset_copy: Path) -> None:
-    def add_cameras(info: dict) -> None:
-        info["features"]["observation.images.top"] = {"dtype": "video", "shape": [3, 96, 96]}
-        info["features"]["observation.images.wrist"] = {"dtype": "image", "shape": [3, 96, 96]}
-
-    _edit_json(dataset_copy / "meta/info.json", add_cameras)
-    with pytest.raises(DatasetError) as excinfo:
-        LeRobotDataset(dataset_copy)
-    message = str(excinfo.value)
-    assert "observation.images.top" in message and "observation.images.wrist" in message
-    assert "image inputs are not supported yet" in message and "info.json" in message
-
-
 def test_refuses_missing_data_file(dataset_copy: Path) -> None:
     (dataset_copy / DATA_FILE).unlink()
     with pytest.raises(DatasetError, match=r"file-000\.parquet: data file .* is missing"):

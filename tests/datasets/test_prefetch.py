@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler, LeRobotDataset
+from lerobot_pipe.datasets.transforms import ImageTransformsConfig
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -38,3 +39,66 @@ def test_prefetch_errors_reach_the_caller(synthetic_root: Path) -> None:
     prefetcher.close()
     with pytest.raises(RuntimeError, match="after close"):
         prefetcher.next()
+
+
+def _camera_dataset(root: Path) -> LeRobotDataset:
+    return LeRobotDataset(
+        root,
+        delta_timestamps={"observation.images.top": [-0.1, 0.0], "action": [0.0, 0.1]},
+        image_transforms=ImageTransformsConfig(enable=True),
+    )
+
+
+def _run(ds: LeRobotDataset, sampler: GlobalBatchSampler, workers: int, steps: int) -> list:
+    with BatchPrefetcher(ds, sampler, workers, device="cpu") as prefetcher:
+        return [prefetcher.next() for _ in range(steps)]
+
+
+def test_camera_batches_resume_exactly_with_augmentation(camera_root: Path) -> None:
+    ds = _camera_dataset(camera_root)
+    full = _run(ds, GlobalBatchSampler(len(ds), 6, 0, 1, seed=3), 2, 8)
+    # Resume at step 5 from the sampler's state alone, with another worker count and a fresh
+    # dataset (no decoder state carried over): the same frames and the same augmentations.
+    sampler = GlobalBatchSampler(len(ds), 6, 0, 1, seed=3)
+    first = _run(ds, sampler, 1, 5)
+    state = sampler.state_dict()
+    assert state["samples_consumed"] == 30
+    resumed = _run(
+        _camera_dataset(camera_root),
+        GlobalBatchSampler(len(ds), 6, 0, 1, seed=3, start_sample=state["samples_consumed"]),
+        0,
+        3,
+    )
+    for expected, got in zip(full, first + resumed, strict=True):
+        assert expected.keys() == got.keys()
+        for key in expected:
+            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
+    top = full[0]["observation.images.top"]
+    assert top.dtype == torch.float32 and top.shape == (6, 2, 3, 64, 64)
+    plain = LeRobotDataset(camera_root, delta_timestamps={"observation.images.top": [-0.1, 0.0]})
+    indices = GlobalBatchSampler(len(ds), 6, 0, 1, seed=3).next_indices()
+    assert not torch.equal(top, plain.get_batch(indices)["observation.images.top"])  # augmented
+
+
+def test_camera_batches_split_across_ranks_as_one(camera_root: Path) -> None:
+    """Two ranks decode only their half of each global batch; together they see what one
+    process with the same global batch sees, augmentations included."""
+    ds = _camera_dataset(camera_root)
+    one = _run(ds, GlobalBatchSampler(len(ds), 8, 0, 1, seed=1), 2, 3)
+    halves = [_run(ds, GlobalBatchSampler(len(ds), 4, r, 2, seed=1), 1, 3) for r in range(2)]
+    for step, expected in enumerate(one):
+        for key in expected:
+            joined = torch.cat([halves[0][step][key], halves[1][step][key]])
+            torch.testing.assert_close(joined, expected[key], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batches_arrive_as_float_on_the_device(camera_root: Path) -> None:
+    ds = _camera_dataset(camera_root)
+    on_cpu = _run(ds, GlobalBatchSampler(len(ds), 6, 0, 1, seed=3), 1, 2)
+    with BatchPrefetcher(ds, GlobalBatchSampler(len(ds), 6, 0, 1, seed=3), 2, device="cuda") as p:
+        for expected in on_cpu:
+            batch = p.next()
+            for key, value in expected.items():
+                assert batch[key].device.type == "cuda"
+                torch.testing.assert_close(batch[key].cpu(), value, rtol=0, atol=1e-6)

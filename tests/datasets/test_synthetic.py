@@ -54,11 +54,20 @@ def test_info_matches_data(synthetic_root: Path, synthetic_params: dict[str, int
     schema = pq.read_schema(synthetic_root / "data/chunk-000/file-000.parquet")
     assert str(schema.field("timestamp").type) == "float"
     assert str(schema.field("index").type) == "int64"
-    assert str(schema.field("action").type) == "list<element: float>"
+    # LeRobot's vector columns: fixed-size lists, with the Hugging Face features alongside.
+    assert str(schema.field("action").type) == "fixed_size_list<element: float>[2]"
+    hf = json.loads(schema.metadata[b"huggingface"])["info"]["features"]
+    assert hf["action"] == {
+        "feature": {"dtype": "float32", "_type": "Value"},
+        "length": 2,
+        "_type": "List",
+    }
+    assert hf["timestamp"] == {"dtype": "float32", "_type": "Value"}
 
 
 def test_stats_match_data(synthetic_root: Path) -> None:
     stats = json.loads((synthetic_root / "meta/stats.json").read_text())
+    episodes = pd.read_parquet(synthetic_root / "meta/episodes/chunk-000/file-000.parquet")
     data = _data(synthetic_root)
     for key, values in data.items():
         values = values.reshape(len(values), -1).astype(np.float64)
@@ -66,9 +75,19 @@ def test_stats_match_data(synthetic_root: Path) -> None:
         np.testing.assert_allclose(stats[key]["std"], values.std(0), rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(stats[key]["min"], values.min(0))
         np.testing.assert_allclose(stats[key]["max"], values.max(0))
-        np.testing.assert_allclose(stats[key]["q50"], np.quantile(values, 0.5, axis=0))
         assert stats[key]["count"] == [len(values)]
-        assert {"q01", "q10", "q90", "q99"} <= set(stats[key])
+        # LeRobot's quantiles: the frame-weighted mean of the episodes' quantiles, each read
+        # off a histogram of the episode (so within a bin of the episode's exact quantile).
+        counts = np.stack(episodes[f"stats/{key}/count"].to_numpy()).astype(np.float64)
+        for name, q in (("q01", 0.01), ("q10", 0.1), ("q50", 0.5), ("q90", 0.9), ("q99", 0.99)):
+            per_episode = np.stack(episodes[f"stats/{key}/{name}"].to_numpy())
+            weighted = (per_episode * counts).sum(0) / counts.sum()
+            np.testing.assert_allclose(stats[key][name], weighted, rtol=1e-9, atol=1e-12)
+            for e, row in enumerate(episodes.itertuples()):
+                rows = values[row.dataset_from_index : row.dataset_to_index]
+                span = rows.max(0) - rows.min(0)
+                exact = np.quantile(rows, q, axis=0, method="inverted_cdf")
+                assert np.all(np.abs(per_episode[e] - exact) <= span / 5000 + 1e-6), (key, name)
 
 
 def test_episodes_and_tasks_metadata(
@@ -142,3 +161,77 @@ def test_idempotent_refuse_and_overwrite(tmp_path: Path) -> None:
     write_synthetic_dataset(empty, num_episodes=1, episode_length=3)
     assert LeRobotDataset(empty).num_frames == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "empty", "other"]
+
+
+def test_camera_dataset_metadata(camera_root: Path, camera_params: dict) -> None:
+    info = json.loads((camera_root / "meta/info.json").read_text())
+    size, fps = camera_params["image_size"], camera_params["fps"]
+    assert info["video_path"] == (
+        "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+    )
+    top = info["features"]["observation.images.top"]
+    assert top["dtype"] == "video" and top["shape"] == [size, size, 3]
+    assert top["names"] == ["height", "width", "channels"]
+    expected = {
+        "video.height": size,
+        "video.width": size,
+        "video.codec": "av1",
+        "video.pix_fmt": "yuv420p",
+        "video.fps": fps,
+        "video.channels": 3,
+        "has_audio": False,
+        "video.g": 2,
+        "video.crf": 30,
+        "is_depth_map": False,  # the key LeRobot 0.6.1 writes (no "video." prefix)
+    }
+    assert expected.items() <= top["info"].items()
+    episodes = pd.read_parquet(camera_root / "meta/episodes/chunk-000/file-000.parquet")
+    length = camera_params["episode_length"]
+    for key in ("observation.images.top", "observation.images.wrist"):
+        assert (episodes[f"videos/{key}/chunk_index"] == 0).all()
+        assert (episodes[f"videos/{key}/file_index"] == 0).all()
+        starts = episodes[f"videos/{key}/from_timestamp"].to_numpy()
+        np.testing.assert_allclose(starts, np.arange(len(episodes)) * length / fps)
+        np.testing.assert_allclose(episodes[f"videos/{key}/to_timestamp"], starts + length / fps)
+        video = camera_root / f"videos/{key}/chunk-000/file-000.mp4"
+        assert video.is_file()
+    stats = json.loads((camera_root / "meta/stats.json").read_text())["observation.images.top"]
+    for name in ("mean", "std", "min", "max", "q01", "q50", "q99"):
+        value = np.asarray(stats[name])
+        assert value.shape == (3, 1, 1) and value.min() >= 0 and value.max() <= 1, name
+    assert stats["count"] == [camera_params["num_episodes"] * length]
+
+
+def test_pixels_only_variant_hides_the_goal(tmp_path: Path) -> None:
+    from lerobot_pipe.scripts.cli import main
+
+    root = tmp_path / "pixels"
+    assert (
+        main(
+            [
+                "make-dataset",
+                f"--root={root}",
+                "--num_episodes=2",
+                "--episode_length=5",
+                "--cameras=top",
+                "--pixels_only=true",
+            ]
+        )
+        == 0
+    )
+    info = json.loads((root / "meta/info.json").read_text())
+    assert "observation.environment_state" not in info["features"]
+    assert {"observation.state", "action", "observation.images.top"} <= set(info["features"])
+    ds = LeRobotDataset(root)
+    assert "observation.environment_state" not in ds.get_batch([0])
+    with pytest.raises(ValueError, match="pixels_only needs at least one camera"):
+        write_synthetic_dataset(tmp_path / "bad", pixels_only=True)
+    with pytest.raises(ValueError, match=r"cameras \['side'\]"):
+        write_synthetic_dataset(tmp_path / "bad", cameras=["side"])
+
+
+def test_default_has_no_camera(tmp_path: Path) -> None:
+    root = write_synthetic_dataset(tmp_path / "plain", num_episodes=1, episode_length=2)
+    features = json.loads((root / "meta/info.json").read_text())["features"]
+    assert not [k for k, ft in features.items() if ft["dtype"] in ("video", "image")]
+    assert not (root / "videos").exists()
