@@ -5,14 +5,11 @@ from lerobot_pipe.datasets.lerobot_dataset import DatasetError, LeRobotDataset, 
 from lerobot_pipe.datasets.prefetch import BatchPrefetcher
 from lerobot_pipe.datasets.sampler import GlobalBatchSampler
 from lerobot_pipe.datasets.synthetic import write_synthetic_dataset
-from lerobot_pipe.datasets.transforms import ImageTransformConfig, ImageTransformsConfig
 
 __all__ = [
     "BatchPrefetcher",
     "DatasetError",
     "GlobalBatchSampler",
-    "ImageTransformConfig",
-    "ImageTransformsConfig",
     "LeRobotDataset",
     "resolve_dataset_root",
     "write_synthetic_dataset",

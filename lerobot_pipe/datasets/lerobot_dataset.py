@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from lerobot_pipe.configs.train import ImageTransformsConfig
 from lerobot_pipe.constants import (
     DATASET_CODEBASE_VERSION,
     DATASET_EPISODES_GLOB,
@@ -28,7 +29,7 @@ from lerobot_pipe.constants import (
     DATASET_VIDEO_PATH,
 )
 from lerobot_pipe.datasets.cameras import CameraError, ImageFrames, VideoFrames, frame_shape
-from lerobot_pipe.datasets.transforms import ImageTransforms, ImageTransformsConfig
+from lerobot_pipe.datasets.transforms import ImageTransforms
 from lerobot_pipe.datasets.video import ReaderCache, VideoError, resolve_video_backend
 
 # Bookkeeping columns every v3.0 data file carries, with the dtype get_batch returns them in.

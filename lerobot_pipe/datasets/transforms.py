@@ -1,6 +1,7 @@
 """LeRobot's image augmentations (``--dataset.image_transforms.*``), in torch alone, per batch.
 
-The configuration has LeRobot's names and defaults (its ImageTransformsConfig). Each sample and
+The configuration is lerobot_pipe.configs.train.ImageTransformsConfig: LeRobot's names and
+defaults, its ``tfs`` entries ``{"weight", "type", "kwargs"}`` dicts. Each sample and
 camera draws which transforms apply (up to ``max_num_transforms``, weighted, without
 replacement) and their parameters, as LeRobot's RandomSubsetApply and torchvision's
 ColorJitter, SharpnessJitter and RandomAffine do; the frames of one sample's window share them.
@@ -19,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lerobot_pipe.configs.train import ImageTransformsConfig
+
 GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # ITU-R 601-2 luma, as torchvision's rgb_to_grayscale
 SHARPNESS_KERNEL = ((1.0, 1.0, 1.0), (1.0, 5.0, 1.0), (1.0, 1.0, 1.0))  # / 13, as PIL's SMOOTH
 COLOR_JITTER_PARTS = ("brightness", "contrast", "saturation", "hue")
@@ -27,34 +30,11 @@ SUPPORTED_TYPES = ("ColorJitter", "SharpnessJitter", "RandomAffine", "Identity")
 
 @dataclass
 class ImageTransformConfig:
-    """One augmentation: ``weight`` to be drawn, torchvision/LeRobot class ``type``, ``kwargs``."""
+    """One ``tfs`` entry: ``weight`` to be drawn, torchvision/LeRobot class ``type``, ``kwargs``."""
 
     weight: float = 1.0
     type: str = "Identity"
     kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-def _default_tfs() -> dict[str, ImageTransformConfig]:
-    return {
-        "brightness": ImageTransformConfig(1.0, "ColorJitter", {"brightness": (0.8, 1.2)}),
-        "contrast": ImageTransformConfig(1.0, "ColorJitter", {"contrast": (0.8, 1.2)}),
-        "saturation": ImageTransformConfig(1.0, "ColorJitter", {"saturation": (0.5, 1.5)}),
-        "hue": ImageTransformConfig(1.0, "ColorJitter", {"hue": (-0.05, 0.05)}),
-        "sharpness": ImageTransformConfig(1.0, "SharpnessJitter", {"sharpness": (0.5, 1.5)}),
-        "affine": ImageTransformConfig(
-            1.0, "RandomAffine", {"degrees": (-5.0, 5.0), "translate": (0.05, 0.05)}
-        ),
-    }
-
-
-@dataclass
-class ImageTransformsConfig:
-    """LeRobot's ``--dataset.image_transforms`` (off unless ``enable``)."""
-
-    enable: bool = False
-    max_num_transforms: int = 3
-    random_order: bool = False
-    tfs: dict[str, ImageTransformConfig] = field(default_factory=_default_tfs)
 
 
 def _range(value: Any, name: str, centre: float, low: float | None = None) -> tuple[float, float]:
@@ -322,11 +302,7 @@ def _build(name: str, cfg: ImageTransformConfig) -> _Transform:
 
 
 class ImageTransforms:
-    """Applies ``cfg`` to batches of camera frames ``(B, [T,] 3, H, W)`` in [0, 1].
-
-    ``cfg`` may also be any object with the same attributes (a training config's section) and
-    its ``tfs`` entries plain ``{"weight", "type", "kwargs"}`` dicts, as train_config.json has.
-    """
+    """Applies ``cfg`` to batches of camera frames ``(B, [T,] 3, H, W)`` in [0, 1]."""
 
     def __init__(self, cfg: ImageTransformsConfig) -> None:
         self.cfg = cfg

@@ -35,7 +35,7 @@ from lerobot_pipe.distributed.env_guard import AccelerateEnvError, check_acceler
 from lerobot_pipe.distributed.parallel_dims import ParallelDims, resolve_parallelism
 from lerobot_pipe.policies import factory  # noqa: F401 - registers the policy types
 from lerobot_pipe.policies.hub import local_policy_folder
-from lerobot_pipe.policies.pretrained import PreTrainedConfig
+from lerobot_pipe.policies.pretrained import ACTION, OBS_PREFIX, PreTrainedConfig
 from lerobot_pipe.training.checkpoint import (
     CheckpointError,
     checkpoints_dir,
@@ -420,12 +420,17 @@ def make_plan(
             "--resume=true to continue that run, or choose another --output_dir"
         )
 
-    dataset_root = resolve_dataset_root(cfg.dataset.root, cfg.dataset.repo_id, cfg.dataset.revision)
-    delta = cfg.policy.action_delta_indices
-    info_fps = _dataset_fps(dataset_root)
-    delta_timestamps = {"action": [i / info_fps for i in delta]} if delta else None
+    dataset_root = resolve_dataset_root(
+        cfg.dataset.root, cfg.dataset.repo_id, cfg.dataset.revision, episodes=cfg.dataset.episodes
+    )
     dataset = LeRobotDataset(
-        dataset_root, delta_timestamps=delta_timestamps, episodes=cfg.dataset.episodes
+        dataset_root,
+        delta_timestamps=_delta_timestamps(cfg.policy, dataset_root),
+        episodes=cfg.dataset.episodes,
+        video_backend=cfg.dataset.video_backend,
+        tolerance_s=cfg.tolerance_s,
+        image_transforms=cfg.dataset.image_transforms,
+        use_imagenet_stats=cfg.dataset.use_imagenet_stats,
     )
     check_policy_plan(cfg, dims, dataset)
     if len(dataset) < cfg.batch_size * dims.dp_world_size:
@@ -445,12 +450,25 @@ def make_plan(
     )
 
 
-def _dataset_fps(root: Path) -> int:
+def _delta_timestamps(policy: PreTrainedConfig, root: Path) -> dict[str, list[float]] | None:
+    """LeRobot's resolve_delta_timestamps: the action window from the policy's
+    ``action_delta_indices``, every ``observation.*`` feature's (cameras included) from its
+    ``observation_delta_indices``, in seconds at the dataset's fps."""
     info = read_json(root / C.DATASET_INFO, "dataset info")
     fps = info.get("fps")
     if not isinstance(fps, int | float) or fps <= 0:
         raise DatasetError(f"{root / C.DATASET_INFO}: 'fps' must be a positive number, got {fps!r}")
-    return fps
+    windows = {}
+    for key in info.get("features", {}):
+        if key == ACTION:
+            indices = policy.action_delta_indices
+        elif key.startswith(OBS_PREFIX):
+            indices = policy.observation_delta_indices
+        else:
+            continue
+        if indices is not None:
+            windows[key] = [i / fps for i in indices]
+    return windows or None
 
 
 def check_policy_plan(cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotDataset) -> None:

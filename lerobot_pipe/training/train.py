@@ -380,7 +380,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
         seed=cfg.seed,
         start_sample=session.samples,
     )
-    prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers)
+    prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers, device=env.device)
     metrics = MetricsLog(plan, env.is_main)
     ctx = CheckpointContext(env.is_main, dims.is_sharded, cfg.checkpoint_format)
     write_pretrained = _write_pretrained_fn(

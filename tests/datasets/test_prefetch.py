@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from lerobot_pipe.configs.train import ImageTransformsConfig
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler, LeRobotDataset
-from lerobot_pipe.datasets.transforms import ImageTransformsConfig
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

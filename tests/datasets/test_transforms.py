@@ -5,7 +5,6 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -95,8 +94,8 @@ def test_draws_are_a_function_of_the_key_and_shared_by_a_window() -> None:
 
 def test_subsets_follow_weights_and_size() -> None:
     tfs = T.ImageTransformsConfig().tfs
-    tfs["hue"].weight = 0.0  # never drawn
-    tfs["brightness"].weight = 3.0
+    tfs["hue"]["weight"] = 0.0  # never drawn
+    tfs["brightness"]["weight"] = 3.0
     transforms = _enabled(tfs=tfs, max_num_transforms=2)
     assert transforms.names == ["brightness", "contrast", "saturation", "sharpness", "affine"]
     u = T.uniforms(np.arange(20000, dtype=np.uint64), 0, len(transforms.names))
@@ -109,7 +108,7 @@ def test_subsets_follow_weights_and_size() -> None:
     # Every transform applies on its own without error, window or not.
     frames = torch.from_numpy(_frames())
     for name in transforms.names:
-        only = {k: dataclasses.replace(v, weight=float(k == name)) for k, v in tfs.items()}
+        only = {k: {**v, "weight": float(k == name)} for k, v in tfs.items()}
         out = _enabled(tfs=only, max_num_transforms=1)(frames, np.arange(8), 0)
         assert out.shape == frames.shape and out.min() >= 0 and out.max() <= 1
         assert not torch.equal(out, frames), name
@@ -134,15 +133,15 @@ def test_unsupported_configurations_are_refused(tfs: dict, match: str) -> None:
         _enabled(tfs=tfs)
 
 
-def test_a_config_section_with_plain_dicts_works_the_same() -> None:
-    """train_config.json's form: the same attributes, ``tfs`` entries as plain dicts."""
-    section = SimpleNamespace(
-        enable=True,
-        max_num_transforms=3,
-        random_order=True,
-        tfs={k: dataclasses.asdict(v) for k, v in T.ImageTransformsConfig().tfs.items()},
+def test_the_train_config_section_from_flags_works_the_same() -> None:
+    """--dataset.image_transforms.* flags give the section the dataset applies."""
+    from lerobot_pipe.training.plan import parse_train_config
+
+    cfg, _ = parse_train_config(
+        ["--dataset.image_transforms.enable=true", "--dataset.image_transforms.random_order=true"]
     )
     frames = torch.from_numpy(_frames())
     keys = np.arange(len(frames))
     expected = _enabled(random_order=True)(frames, keys, 0)
+    section = cfg.dataset.image_transforms
     torch.testing.assert_close(T.ImageTransforms(section)(frames, keys, 0), expected)
