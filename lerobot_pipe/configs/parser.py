@@ -1,8 +1,11 @@
 """LeRobot-style dotted CLI flags onto nested dataclasses, and configs to and from JSON.
 
 ``--a.b=value`` and ``--a.b value`` both work. A flag names a dataclass field by its dotted path;
-the value is converted to the field's annotated type. Unknown flags, wrong types and impossible
-choices raise :class:`ConfigError`, whose message names the flag and what is allowed.
+the value is converted to the field's annotated type. ``null`` (or ``none``) is None for a field
+that accepts None (as in LeRobot: ``--policy.pretrained_backbone_weights=null``) and the field's
+default for any other, so ``--steps=null`` undoes a value loaded with ``--config_path``. Unknown
+flags, wrong types and impossible choices raise :class:`ConfigError`, whose message names the
+flag and what is allowed.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ def split_flags(argv: list[str]) -> dict[str, str]:
     return flags
 
 
+def _is_null(raw: Any) -> bool:
+    return raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE)
+
+
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
@@ -71,7 +78,7 @@ def _describe(tp: Any) -> str:
 def convert_value(raw: Any, tp: Any, flag: str) -> Any:
     """Convert a CLI string (or a JSON value) to the annotated type ``tp``."""
     inner, optional = _unwrap_optional(tp)
-    if raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE):
+    if _is_null(raw):
         if optional:
             return None
         raise ConfigError(f"--{flag}: cannot be null; expected {_describe(tp)}")
@@ -134,6 +141,13 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
+def _field_default(cls: type, name: str) -> Any:
+    (spec,) = (f for f in dataclasses.fields(cls) if f.name == name)
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return spec.default
+
+
 def _unknown_key_error(key: str, prefix: str, known: list[str], where: str) -> ConfigError:
     flag = f"{prefix}{key}"
     close = difflib.get_close_matches(key, known, n=3)
@@ -158,7 +172,10 @@ def set_field(obj: Any, path: list[str], raw: Any, flag: str, prefix: str = "") 
         set_field(current, path[1:], raw, flag, f"{prefix}{name}.")
         return
     tp = types_[name]
-    inner, _ = _unwrap_optional(tp)
+    inner, optional = _unwrap_optional(tp)
+    if _is_null(raw):
+        setattr(obj, name, None if optional else _field_default(type(obj), name))
+        return
     if dataclasses.is_dataclass(inner):
         value = raw if isinstance(raw, dict) else convert_value(raw, dict, flag)
         setattr(obj, name, from_dict(inner, value, f"{prefix}{name}."))

@@ -68,3 +68,29 @@ def test_errors_name_the_flag(argv, message):
     with pytest.raises(ConfigError) as err:
         parse_train_config(argv)
     assert message in str(err.value)
+
+
+def test_null_is_the_default_and_overrides_a_loaded_config(tmp_path):
+    cfg, _ = parse_train_config(
+        ["--policy.type=act", "--steps=10", "--parallelism.dp_replicate=2", "--policy.dim_model=64"]
+    )
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(to_dict(cfg)))
+    loaded, _ = parse_train_config(
+        [
+            f"--config_path={path}",
+            "--parallelism.dp_replicate=null",  # Optional: None, its default
+            "--steps=null",  # not Optional: the dataclass default
+            "--policy.dim_model=NULL",
+            "--scheduler=null",  # a nested dataclass
+        ]
+    )
+    defaults = TrainConfig()
+    assert loaded.parallelism.dp_replicate is None and loaded.steps == defaults.steps
+    assert loaded.policy.dim_model == type(loaded.policy)().dim_model
+    assert loaded.scheduler == defaults.scheduler
+    # In a JSON config too.
+    data = {**to_dict(cfg), "batch_size": None, "optimizer": {"betas": None}}
+    assert from_dict(TrainConfig, data).optimizer.betas == defaults.optimizer.betas
+    with pytest.raises(ConfigError, match="expected an integer"):
+        parse_train_config(["--steps=nul"])
