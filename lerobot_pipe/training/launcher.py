@@ -85,7 +85,8 @@ class Terminal:
         self._drawn = False
 
     def progress(self, text: str) -> None:
-        if not self.tty:
+        """A progress line; on a TTY redrawn in place (one that saved a checkpoint stays)."""
+        if not self.tty or "; saved " in text:
             self.line(text)
             return
         match = _STEP.match(text)
@@ -93,7 +94,9 @@ class Terminal:
         if match:
             done = int(match.group(1)) * 20 // max(int(match.group(2)), 1)
             bar = f"|{'#' * done}{' ' * (20 - done)}| "
-        self._write(f"\r\x1b[Ktrain: {bar}{text}")
+        # Cut to the terminal's width: a wrapped line cannot be redrawn in place.
+        width = shutil.get_terminal_size().columns - 1
+        self._write(f"\r\x1b[K{f'train: {bar}{text}'[:width]}")
         self._drawn = True
 
     def close(self) -> None:

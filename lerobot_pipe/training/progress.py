@@ -15,6 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TextIO
 
+import torch
+
 PROGRESS_LOGGER = "lerobot_pipe.progress"
 PROGRESS_INTERVAL_S = 5.0
 
@@ -26,8 +28,10 @@ def format_eta(seconds: float) -> str:
 
 
 class Progress:
-    """Call :meth:`update` after every loop step (with the checkpoint it saved, if any) and
-    :meth:`set_loss` at every logged step."""
+    """Call :meth:`update` after every loop step (with the loss sum and count since the last
+    logged step, and the checkpoint it saved, if any) and :meth:`set_loss` with the loss of every
+    logged step (the mean over all ranks). Between logged steps a line shows the main process's
+    own running mean."""
 
     def __init__(
         self,
@@ -65,7 +69,7 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
 
-    def update(self, step: int, saved: Path | None = None) -> None:
+    def update(self, step: int, running: torch.Tensor, saved: Path | None = None) -> None:
         if not self.enabled:
             return
         if self.bar is not None:
@@ -73,21 +77,21 @@ class Progress:
             return
         now = time.monotonic()
         if now - self._last_time >= PROGRESS_INTERVAL_S or step == self.total or saved:
-            self._log_line(step, now, saved)
+            loss_sum, count = running.tolist()  # a device sync, once a line
+            self._log_line(step, now, loss_sum / count if count else self.loss, saved)
 
-    def _log_line(self, step: int, now: float, saved: Path | None) -> None:
+    def _log_line(self, step: int, now: float, loss: float | None, saved: Path | None) -> None:
         window = now - self._last_time
         samples_per_s = (step - self._last_step) * self.samples_per_step / window if window else 0
         done = step - self.start_step
         elapsed = now - self._started
         eta = format_eta((self.total - step) * elapsed / done) if done else "?"
-        loss = f"{self.loss:.4f}" if self.loss is not None else "-"
         log.info(
             "step %d/%d (%d%%) loss %s %.1f samples/s ETA %s%s",
             step,
             self.total,
             100 * step // self.total,
-            loss,
+            f"{loss:.4f}" if loss is not None else "-",
             samples_per_s,
             eta,
             f"; saved {saved}" if saved else "",

@@ -460,7 +460,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
                 if env.is_main:
                     log.info("Saved checkpoint %s", last_saved)
                 window_start = time.perf_counter()
-            progress.update(step, saved)
+            progress.update(step, running, saved)
     finally:
         prefetcher.close()
         progress.close()
