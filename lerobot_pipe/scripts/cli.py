@@ -117,7 +117,7 @@ def cmd_resume_args(argv: list[str]) -> int:
 
 def cmd_launch_train(argv: list[str]) -> int:
     """The pipeline's train job (lerobot_pipe/training/launcher.py)."""
-    from lerobot_pipe.training.launcher import Terminal, launch_train
+    from lerobot_pipe.training.launcher import launch_train
 
     own = {"nproc_per_node", "nnodes", "rdzv_port", "cpus_per_task", "log", "final_checkpoint"}
     flags, rest = _split_own_flags(argv, own)
@@ -130,7 +130,6 @@ def cmd_launch_train(argv: list[str]) -> int:
         nnodes=_take(flags, "nnodes", int, 1),
         rdzv_port=_take(flags, "rdzv_port", int, 29500),
         cpus_per_task=_take(flags, "cpus_per_task", int, 1),
-        terminal=Terminal(sys.stderr),
     )
 
 

@@ -14,7 +14,7 @@ SLURM profile, of the job's own snakemake inside the allocation), and:
    the log;
 5. stops training when snakemake is gone, however it went (SIGKILL included), and when it is
    told to stop (SIGINT from Ctrl-C, SIGTERM, SIGHUP): SIGTERM to torchrun's group, and torchrun
-   stops its workers; whatever still runs GRACE_S later is SIGKILLed;
+   stops its workers; whatever still runs GRACE_S later (or at a second signal) is SIGKILLed;
 6. copies the final checkpoint's training_step.json to the job's output.
 
 Why a polling watchdog and not ``PR_SET_PDEATHSIG``: that signal fires when the parent *thread*
@@ -34,6 +34,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -238,17 +239,19 @@ class Supervisor:
 
     def stop(self, proc: subprocess.Popen) -> None:
         """SIGTERM to torchrun's group (torchrun then stops its workers, which sit in sessions
-        of their own); SIGKILL to all of them if anything still runs ``grace_s`` later."""
+        of their own); SIGKILL to all of them if anything still runs ``grace_s`` later, or as
+        soon as another signal comes (a second Ctrl-C)."""
         below = descendants(proc.pid)
+        signals_before = len(self._stop)
         _signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and len(self._stop) == signals_before:
             if proc.poll() is not None and not any(map(is_running, below)):
                 return
             self.pump()
             time.sleep(0.1)
         left = [pid for pid in below if is_running(pid)]
-        self.say(f"still running after {self.grace_s:.0f} s: SIGKILL to {[proc.pid, *left]}")
+        self.say(f"still running: SIGKILL to {[proc.pid, *left]}")
         for pid in [proc.pid, *left]:
             _signal_group(pid, signal.SIGKILL)
         proc.wait()
@@ -338,7 +341,7 @@ def launch_train(
     """Train as the pipeline's train job does (see the module docstring); the exit status."""
     from lerobot_pipe.training.plan import parse_train_config
 
-    terminal = terminal or Terminal(open(os.devnull, "w"))  # noqa: SIM115 - a sink
+    terminal = terminal or Terminal(sys.stderr)
     cfg, _ = parse_train_config(train_args)
     if not cfg.output_dir:
         raise ConfigError("launch-train needs --output_dir")

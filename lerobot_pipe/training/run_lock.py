@@ -155,7 +155,10 @@ def acquire_run_lock(output_dir: str | Path) -> RunLock:
     """
     output_dir = Path(output_dir)
     path = lock_path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunLockError(f"cannot create --output_dir={output_dir}: {e.strerror}") from None
     warning = mount_warning(output_dir)
     if warning:
         log.warning("%s", warning)
