@@ -1,11 +1,12 @@
-# Two commands for a newcomer: `make run` (the pipeline on the embedded default) and `make test`.
+# Two commands for a newcomer: `make run` (the pipeline on the embedded default) and `make test`;
+# `make unlock` after a snakemake was killed hard.
 # Each creates the virtual environment on first use (CPU build of torch, pinned in constraints-cpu.txt).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CORES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: run test lint venv clean
+.PHONY: run unlock test lint venv clean
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -15,8 +16,19 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 
 venv: $(VENV)/.installed
 
+# A lock Snakemake left in .snakemake/locks after it was killed hard stops the next run: say what
+# to do (a failed run removes its own lock, so one still there belongs to another snakemake).
 run: $(VENV)/.installed
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" OMP_NUM_THREADS=1 $(VENV)/bin/snakemake --cores $(CORES)
+	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" OMP_NUM_THREADS=1 $(VENV)/bin/snakemake --cores $(CORES) \
+	|| { status=$$?; if [ -n "$$(ls -A .snakemake/locks 2>/dev/null)" ]; then \
+	echo "make run: Snakemake's lock is in .snakemake/locks. If no other snakemake runs in this" \
+	"folder (one was killed hard), run: make unlock && make run" >&2; fi; exit $$status; }
+
+# snakemake --unlock, refused while a trainer still holds a run folder of results/ (its run lock).
+unlock: $(VENV)/.installed
+	@for dir in results/*/train; do [ ! -d "$$dir" ] \
+	|| $(VENV)/bin/lerobot-pipe check-run-lock --output_dir="$$dir" || exit 1; done
+	$(VENV)/bin/snakemake --unlock
 
 test: $(VENV)/.installed
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" OMP_NUM_THREADS=1 $(VENV)/bin/pytest $(PYTEST_ARGS)

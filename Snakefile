@@ -1,6 +1,10 @@
 # lerobot_pipe: validate the config -> train with torchrun -> convert each checkpoint ->
 # publish to the Hugging Face Hub. config/README.md describes every config key.
+import yaml
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
+
+from lerobot_pipe.pipeline_config import config_problems
 
 min_version("9.0")
 
@@ -8,7 +12,12 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+SCHEMA = "workflow/schemas/config.schema.yaml"
+# One line per problem, naming the key (validate() would print the whole schema and config).
+problems = config_problems(config, yaml.safe_load(open(f"{workflow.basedir}/{SCHEMA}")))
+if problems:
+    raise WorkflowError("\n".join(problems))
+validate(config, SCHEMA)
 
 
 report: "workflow/report/workflow.rst"
@@ -51,3 +60,7 @@ rule convert_all:
 rule publish_all:
     input:
         published_steps,
+
+
+onsuccess:
+    print_results()

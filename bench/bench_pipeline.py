@@ -10,10 +10,11 @@ A: ``snakemake --cores 2`` on the embedded default config (config/config.yaml), 
 B: the same commands the rules run, generated from the same config values into one sequential
    bash script (``run_pipeline.sh``) run in another fresh temporary copy: ``lerobot-pipe
    make-dataset``; ``lerobot-pipe resume-args`` + ``lerobot-pipe validate``; ``lerobot-pipe
-   resume-args`` + ``torchrun --standalone ... lerobot-train``; one ``lerobot-convert-dcp`` per
-   complete checkpoint; the two report scripts, each run by ``python`` with a stand-in for the
-   ``snakemake`` object that Snakemake's ``script:`` directive injects. The report is in both
-   sides, as the default target builds it.
+   resume-args`` + ``torchrun --standalone ... lerobot-train`` (what the train rule's
+   ``lerobot-pipe launch-train`` starts, without its checks and watchdog); one
+   ``lerobot-convert-dcp`` per complete checkpoint; the two report scripts, each run by
+   ``python`` with a stand-in for the ``snakemake`` object that Snakemake's ``script:``
+   directive injects. The report is in both sides, as the default target builds it.
 
 A and B alternate (order rotating each repetition); medians and A/B are printed, with the
 training loop's own samples/s of each run. Target A/B <= 1.15.
@@ -159,8 +160,8 @@ def dotted_flags(mapping: dict, prefix: str = ""):
     for key, value in mapping.items():
         if isinstance(value, dict):
             yield from dotted_flags(value, f"{prefix}{key}.")
-        elif value is not None:
-            yield f"--{prefix}{key}={_flag_value(value)}"
+        else:
+            yield f"--{prefix}{key}={'null' if value is None else _flag_value(value)}"
 
 
 def pipeline_values(config: dict) -> dict:
@@ -175,7 +176,7 @@ def pipeline_values(config: dict) -> dict:
     train_dir = f"{results}/train"
     flags = {
         **config["train"],
-        "dataset": {"root": f"{results}/dataset"},
+        "dataset": {"root": f"{results}/dataset", "repo_id": None, "revision": None},
         "output_dir": train_dir,
         "job_name": config["run"],
     }
@@ -382,7 +383,7 @@ def dry_run_check(base: Path, v: dict) -> None:
         f"--episode_length={s['episode_length']}",
         f"--seed={s['seed']}",
         f"--nproc_per_node={v['nproc']} --nnodes={v['nnodes']}",
-        f"torchrun --standalone --nproc-per-node={v['nproc']}",
+        f"exec lerobot-pipe launch-train --nproc_per_node={v['nproc']}",
     ]
     missing = [e for e in expected if e not in text]
     n_flags = text.count(v["flags"])

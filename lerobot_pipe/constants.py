@@ -2,6 +2,7 @@
 
 The checkpoint layout follows LeRobot's so users' tools and habits carry over::
 
+    <output_dir>/run.lock                   held (flock) by the training run's main process
     <output_dir>/checkpoints/
         005000/
             pretrained_model/
@@ -43,6 +44,10 @@ RNG_STATE = "rng_state.safetensors"
 SCHEDULER_STATE = "scheduler_state.json"
 SCALER_STATE = "scaler_state.json"
 TRAINING_STEP = "training_step.json"
+
+# Locked by the main process of the trainer that owns an output folder, for its whole life; it
+# records the holder (host, pid, start time, command). lerobot_pipe/training/run_lock.py.
+RUN_LOCK = "run.lock"
 
 # Prefix of the temporary folder a checkpoint is written into before its atomic rename.
 TMP_CHECKPOINT_PREFIX = ".tmp-"

@@ -1,5 +1,6 @@
 """An in-process multi-process launcher for tests: forks ``world_size`` ranks with the same
-environment torchrun would give them (real gloo process groups), much cheaper than torchrun."""
+environment torchrun would give them (real gloo process groups), much cheaper than torchrun.
+Also the environment for starting real launchers, and a stand-in trainer holding a run lock."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import multiprocessing as mp
 import os
 import pickle
 import socket
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +45,25 @@ def _child(
         queue.put((rank, "ok", pickle.dumps(fn(*args))))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+# A process that takes an output folder's run lock, says so, and holds it until killed.
+_HOLD_RUN_LOCK = (
+    "import sys, time\n"
+    "from lerobot_pipe.training.run_lock import acquire_run_lock\n"
+    "lock = acquire_run_lock(sys.argv[1])\n"
+    "print('held', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def hold_run_lock_in_another_process(output_dir: str | os.PathLike) -> subprocess.Popen:
+    """A trainer stand-in holding ``output_dir``'s run lock (kill it when done)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_RUN_LOCK, str(output_dir)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
 
 
 def launcher_env(**extra: str) -> dict[str, str]:

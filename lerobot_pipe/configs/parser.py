@@ -269,7 +269,7 @@ def from_dict(cls: type, data: dict, prefix: str = "", *, lenient: bool = False)
         raise ConfigError(f"--{prefix.rstrip('.')}: expected a JSON object, got {data!r}")
     data = dict(data)
     if issubclass(cls, ChoiceRegistry) and cls.is_choice_base():
-        cls = _choice_class(cls, data.pop("type", None), prefix)
+        cls = _choice_class(cls, data.pop("type", None) or cls.default_choice, prefix)
     elif issubclass(cls, ChoiceRegistry):
         data.pop("type", None)
     obj = cls()

@@ -70,6 +70,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def broadcast_from_main(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (``obj`` itself without a process group)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def gather_objects(obj: Any) -> list[Any] | None:
     """Every rank's ``obj`` on rank 0 (None elsewhere)."""
     if not dist.is_initialized():

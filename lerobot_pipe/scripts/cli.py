@@ -5,6 +5,9 @@ lerobot-pipe make-dataset --root=DIR [--num_episodes=N --episode_length=N --fps=
                           --pixels_only=false]
 lerobot-pipe validate --nproc_per_node=N [--nnodes=M] [--write_resolved=PATH] <lerobot-train flags>
 lerobot-pipe resume-args --output_dir=DIR
+lerobot-pipe launch-train --nproc_per_node=N [--nnodes=M --rdzv_port=P --cpus_per_task=C]
+                          --log=PATH [--final_checkpoint=PATH] <lerobot-train flags>
+lerobot-pipe check-run-lock --output_dir=DIR
 lerobot-pipe list-checkpoints --output_dir=DIR
 lerobot-pipe publish --pretrained_dir=DIR --repo_id=R [--step=N --intermediate=false
                      --private=false --endpoint=URL --receipt=PATH]
@@ -75,18 +78,23 @@ def cmd_make_dataset(argv: list[str]) -> int:
     return 0
 
 
+def _split_own_flags(argv: list[str], own: set[str]) -> tuple[dict[str, str], list[str]]:
+    """This command's flags (``--name=value`` with a name in ``own``), and the rest: the
+    lerobot-train flags it passes on."""
+    mine, rest = [], []
+    for arg in argv:
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+        (mine if name in own else rest).append(arg)
+    return split_flags(mine), rest
+
+
 def cmd_validate(argv: list[str]) -> int:
     """Run lerobot-train's own parsing, resolution and checks for the world size a launch will
     have; nothing is launched and nothing is written except ``--write_resolved``."""
     from lerobot_pipe.configs.parser import to_dict
     from lerobot_pipe.training.plan import make_plan
 
-    own = {"nproc_per_node": int, "nnodes": int, "write_resolved": str}
-    mine, rest = [], []
-    for arg in argv:
-        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
-        (mine if name in own else rest).append(arg)
-    flags = split_flags(mine)
+    flags, rest = _split_own_flags(argv, {"nproc_per_node", "nnodes", "write_resolved"})
     nproc = _take(flags, "nproc_per_node", int, 1)
     nnodes = _take(flags, "nnodes", int, 1)
     out = _take(flags, "write_resolved", str)
@@ -107,7 +115,9 @@ def cmd_validate(argv: list[str]) -> int:
 
 
 def cmd_resume_args(argv: list[str]) -> int:
-    from lerobot_pipe import constants as C
+    """``--resume=true`` when --output_dir holds a complete checkpoint: lerobot-train then
+    resumes from the newest one that verifies, and its flags (the pipeline's config, nulls
+    included) decide everything else; the saved train_config.json is not read back."""
     from lerobot_pipe.training.checkpoint import newest_usable_checkpoint
 
     flags = split_flags(argv)
@@ -119,8 +129,37 @@ def cmd_resume_args(argv: list[str]) -> int:
         return 0
     latest, info = found
     log.info("resuming from %s (step %d)", latest, info["step"])
-    config = latest / C.PRETRAINED_MODEL_DIR / C.TRAIN_CONFIG_NAME
-    print(f"--resume=true --config_path={config}")
+    print("--resume=true")
+    return 0
+
+
+def cmd_launch_train(argv: list[str]) -> int:
+    """The pipeline's train job (lerobot_pipe/training/launcher.py)."""
+    from lerobot_pipe.training.launcher import launch_train
+
+    own = {"nproc_per_node", "nnodes", "rdzv_port", "cpus_per_task", "log", "final_checkpoint"}
+    flags, rest = _split_own_flags(argv, own)
+    final = _take(flags, "final_checkpoint", str)
+    return launch_train(
+        rest,
+        log_path=Path(_take(flags, "log", str, required=True)),
+        final_checkpoint=Path(final) if final else None,
+        nproc_per_node=_take(flags, "nproc_per_node", int, 1),
+        nnodes=_take(flags, "nnodes", int, 1),
+        rdzv_port=_take(flags, "rdzv_port", int, 29500),
+        cpus_per_task=_take(flags, "cpus_per_task", int, 1),
+    )
+
+
+def cmd_check_run_lock(argv: list[str]) -> int:
+    """Exit 0 when no trainer holds --output_dir, else fail naming the one that does."""
+    from lerobot_pipe.training.run_lock import check_run_lock
+
+    flags = split_flags(argv)
+    output_dir = _take(flags, "output_dir", str, required=True)
+    _no_more(flags, "check-run-lock", ["output_dir"])
+    check_run_lock(output_dir)
+    log.info("no trainer holds %s", output_dir)
     return 0
 
 
@@ -179,9 +218,14 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "make-dataset": cmd_make_dataset,
     "validate": cmd_validate,
     "resume-args": cmd_resume_args,
+    "launch-train": cmd_launch_train,
+    "check-run-lock": cmd_check_run_lock,
     "list-checkpoints": cmd_list_checkpoints,
     "publish": cmd_publish,
 }
+
+
+PIPELINE_JOBS = ("validate", "launch-train")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,14 +235,18 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     from lerobot_pipe.hub.publish import PublishError
+    from lerobot_pipe.pipeline_config import with_config_keys
     from lerobot_pipe.training.plan import USER_ERRORS
+    from lerobot_pipe.training.run_lock import RunLockError
 
     errors = (*USER_ERRORS, PublishError, ValueError, FileNotFoundError)
     try:
         return COMMANDS[argv[0]](argv[1:])
     except errors as e:
-        log.error("lerobot-pipe %s: error: %s", argv[0], e)
-        return 2 if isinstance(e, ConfigError) else 1
+        # validate and launch-train check the pipeline's config: name its keys too.
+        message = with_config_keys(str(e)) if argv[0] in PIPELINE_JOBS else str(e)
+        log.error("lerobot-pipe %s: error: %s", argv[0], message)
+        return 2 if isinstance(e, ConfigError | RunLockError) else 1
 
 
 if __name__ == "__main__":

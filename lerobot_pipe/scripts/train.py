@@ -5,7 +5,8 @@
     accelerate launch --multi_gpu --num_processes=2 $(which lerobot-train) ...   (CPU too)
 
 Every input is checked before a process group starts; a bad one exits with status 2 and a
-one-line reason, on each rank alone.
+one-line reason, on each rank alone. So does a second trainer on an --output_dir that a running
+one holds (its run lock, lerobot_pipe/training/run_lock.py), naming the first.
 """
 
 from __future__ import annotations
@@ -41,9 +42,15 @@ def main(argv: list[str] | None = None) -> int:
             "ignored (the flags decide): %s",
             ", ".join(plan.acknowledged_env),
         )
+    from lerobot_pipe.training.run_lock import RunLockError
     from lerobot_pipe.training.train import train
 
-    train(plan)
+    try:
+        train(plan)
+    except RunLockError as e:
+        if launched_rank() == 0:
+            log.error("lerobot-train: error: %s", e)
+        return 2
     return 0
 
 

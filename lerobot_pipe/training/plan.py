@@ -33,6 +33,7 @@ from lerobot_pipe.configs.train import (
 from lerobot_pipe.datasets import DatasetError, LeRobotDataset, resolve_dataset_root
 from lerobot_pipe.distributed.env_guard import AccelerateEnvError, check_accelerate_env
 from lerobot_pipe.distributed.parallel_dims import ParallelDims, resolve_parallelism
+from lerobot_pipe.distributed.runtime import launched_rank
 from lerobot_pipe.policies import factory  # noqa: F401 - registers the policy types
 from lerobot_pipe.policies.hub import local_policy_folder
 from lerobot_pipe.policies.pretrained import ACTION, OBS_PREFIX, PreTrainedConfig
@@ -44,11 +45,12 @@ from lerobot_pipe.training.checkpoint import (
     step_dir_from_path,
     validate_checkpoint_layout,
 )
+from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
 
 log = logging.getLogger(__name__)
 
 # Errors a user can fix; lerobot-train prints them without a traceback.
-USER_ERRORS = (ConfigError, DatasetError, CheckpointError, AccelerateEnvError)
+USER_ERRORS = (ConfigError, DatasetError, CheckpointError, AccelerateEnvError, RunLockError)
 
 
 @dataclass
@@ -370,6 +372,26 @@ def _locate_resume(source_step: Path | None, output_dir: Path) -> tuple[Path, di
     return found
 
 
+def _resolve_topology(cfg: TrainConfig, world_size: int) -> ParallelDims:
+    """The degrees for this world size; on a resume (whose degrees may come from the saved
+    train_config.json) the error says which flags fit the processes launched now."""
+    try:
+        return resolve_parallelism(cfg.parallelism, world_size)
+    except ConfigError as e:
+        if not cfg.resume:
+            raise
+        reset = (
+            " --parallelism.dp_replicate=null"
+            if cfg.parallelism.dp_replicate not in (None, 1)
+            else ""
+        )
+        if world_size == 1:
+            fix = f"--parallelism.dp_shard=1 --checkpoint_format=safetensors{reset}"
+        else:
+            fix = f"--parallelism.dp_shard=-1{reset} (FSDP2 over all {world_size} processes)"
+        raise ConfigError(f"{e}; to resume on {world_size} process(es) pass {fix}") from None
+
+
 def _check_resume_compatible(cfg: TrainConfig, step_dir: Path) -> None:
     saved = read_json(step_dir / C.PRETRAINED_MODEL_DIR / C.CONFIG_NAME, "checkpoint policy config")
     if saved.get("type") != cfg.policy.type:
@@ -392,13 +414,17 @@ def make_plan(
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         autocast = torch.get_autocast_dtype(device_type)
         cfg.accelerator.mixed_precision = "fp16" if autocast == torch.float16 else "bf16"
-    dims = resolve_parallelism(cfg.parallelism, world_size)
+    dims = _resolve_topology(cfg, world_size)
     if cfg.peft is not None and cfg.checkpoint_format != "safetensors" and not dims.is_sharded:
         raise ConfigError(
             "--checkpoint_format=dcp needs a sharded run (--parallelism.dp_shard > 1) with PEFT"
         )
     output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
     cfg.output_dir = str(output_dir)
+    if launched_rank(env) == 0:
+        # A trainer still running on this folder is the first thing to know (the pipeline's
+        # validate job says it too); train() takes the lock for real.
+        check_run_lock(output_dir)
 
     resume_from, resume_info = None, None
     if cfg.resume:

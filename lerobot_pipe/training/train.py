@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,12 @@ from lerobot_pipe.distributed.parallelize import (
     ignored_parameters,
     make_grad_scaler,
 )
-from lerobot_pipe.distributed.runtime import DistEnv, destroy, init_distributed
+from lerobot_pipe.distributed.runtime import (
+    DistEnv,
+    broadcast_from_main,
+    destroy,
+    init_distributed,
+)
 from lerobot_pipe.policies.factory import make_policy
 from lerobot_pipe.policies.peft import (
     adapter_key_map,
@@ -61,6 +65,8 @@ from lerobot_pipe.training.checkpoint import (
 )
 from lerobot_pipe.training.optim import make_optimizer, make_scheduler
 from lerobot_pipe.training.plan import TrainingPlan
+from lerobot_pipe.training.progress import Progress
+from lerobot_pipe.training.run_lock import RunLock, RunLockError, acquire_run_lock
 
 log = logging.getLogger("lerobot_pipe.train")
 
@@ -231,12 +237,38 @@ class MetricsLog:
 
 
 def train(plan: TrainingPlan) -> Path | None:
-    """Run the planned training; returns the last checkpoint folder written (None if none)."""
+    """Run the planned training; returns the last checkpoint folder written (None if none).
+
+    Raises :class:`RunLockError` on every rank when another trainer holds the output folder.
+    """
     env = init_distributed()
     try:
-        return _train(plan, env)
+        with hold_run_lock(plan.output_dir, env):
+            return _train(plan, env)
     finally:
         destroy()
+
+
+@contextlib.contextmanager
+def hold_run_lock(output_dir: Path, env: DistEnv):
+    """The main process takes the output folder's run lock before any rank writes into it and
+    holds it until training ends; the other ranks wait for the outcome (a collective), so none
+    writes unless it is held, and all stop with the holder's name when it is not."""
+    lock: RunLock | None = None
+    error: str | None = None
+    if env.is_main:
+        try:
+            lock = acquire_run_lock(output_dir)
+        except RunLockError as e:
+            error = str(e)
+    error = broadcast_from_main(error)
+    if error is not None:
+        raise RunLockError(error)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 @dataclass
@@ -387,7 +419,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
         plan, session.policy, session.trainee, pre, session.post
     )
     trainable = [p for p in model.parameters() if p.requires_grad]
-    progress = _progress_bar(env.is_main, start_step, cfg.steps)
+    progress = Progress(env.is_main, start_step, cfg.steps, cfg.batch_size * dims.dp_world_size)
     autocast = (
         torch.autocast(env.device.type, dtype=amp_dtype)
         if amp_dtype is not None
@@ -401,6 +433,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
     window: list[dict[str, torch.Tensor]] = []
     try:
         for step in range(start_step + 1, cfg.steps + 1):
+            saved = None
             faults.set_step(step)
             if not window:  # the micro-batches of one optimizer update
                 window = [prefetcher.next() for _ in range(ga)]
@@ -430,7 +463,6 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
             running[0] += loss.detach().float()
             running[1] += 1
             window_samples += cfg.batch_size * dims.dp_world_size
-            progress.update(1)
 
             if step % cfg.log_freq == 0 or step == cfg.steps:
                 stats = _reduce_mean(running.clone())
@@ -444,8 +476,8 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
                     "epoch": sampler.samples_consumed / len(plan.dataset),
                 }
                 metrics.log(record)
+                progress.set_loss(record["loss"])
                 if env.is_main:
-                    progress.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
                     log.info(
                         "step %d/%d loss %.5f grad_norm %.3f lr %.2e %.1f samples/s",
                         step,
@@ -461,7 +493,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
             if cfg.save_checkpoint and (
                 (cfg.save_freq > 0 and step % cfg.save_freq == 0) or step == cfg.steps
             ):
-                last_saved = save_checkpoint(
+                last_saved = saved = save_checkpoint(
                     output_dir=plan.output_dir,
                     step=step,
                     total_steps=cfg.steps,
@@ -476,6 +508,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
                 if env.is_main:
                     log.info("Saved checkpoint %s", last_saved)
                 window_start = time.perf_counter()
+            progress.update(step, running, saved)
     finally:
         prefetcher.close()
         progress.close()
@@ -498,19 +531,3 @@ def _push_final(plan: TrainingPlan, step_dir: Path) -> None:
         private=plan.cfg.policy.private,
     )
     log.info("Pushed %s to %s", step_dir / C.PRETRAINED_MODEL_DIR, repo_id)
-
-
-def _progress_bar(is_main: bool, start: int, total: int):
-    from tqdm import tqdm
-
-    tty = sys.stderr.isatty()
-    return tqdm(
-        total=total,
-        initial=start,
-        disable=not is_main,
-        desc="train",
-        unit="step",
-        mininterval=1.0 if tty else 30.0,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )

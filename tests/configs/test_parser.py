@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from lerobot_pipe.configs.optim import AdamConfig
 from lerobot_pipe.configs.parser import ConfigError, from_dict, split_flags, to_dict
 from lerobot_pipe.configs.train import TrainConfig
 from lerobot_pipe.training.plan import parse_train_config
@@ -45,30 +46,6 @@ def test_config_path_then_flags_override(tmp_path):
     assert loaded.steps == 20 and loaded.batch_size == 4 and loaded.policy.dim_model == 64
     # lerobot_pipe's earlier files kept "resolved" beside the config: dropped, not kept.
     assert "resolved" not in to_dict(loaded) and step is None
-
-
-def test_null_resets_a_field_to_its_default(tmp_path):
-    cfg, _ = parse_train_config(
-        [
-            "--policy.type=act",
-            "--parallelism.dp_replicate=2",
-            "--steps=5",
-            "--scheduler.type=diffuser",
-        ]
-    )
-    path = tmp_path / "train_config.json"
-    path.write_text(json.dumps(to_dict(cfg)))
-    loaded, _ = parse_train_config(
-        [
-            f"--config_path={path}",
-            "--parallelism.dp_replicate=null",
-            "--steps=null",
-            "--scheduler=null",
-        ]
-    )
-    assert loaded.parallelism.dp_replicate is None
-    assert loaded.steps == TrainConfig().steps
-    assert loaded.scheduler is None
 
 
 def test_choices_and_optional_groups():
@@ -141,3 +118,30 @@ def test_errors_name_the_flag(argv, message):
     with pytest.raises(ConfigError) as err:
         parse_train_config(argv)
     assert message in str(err.value)
+
+
+def test_null_is_the_default_and_overrides_a_loaded_config(tmp_path):
+    cfg, _ = parse_train_config(
+        ["--policy.type=act", "--steps=10", "--parallelism.dp_replicate=2", "--policy.dim_model=64"]
+    )
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(to_dict(cfg)))
+    loaded, _ = parse_train_config(
+        [
+            f"--config_path={path}",
+            "--parallelism.dp_replicate=null",  # Optional: None, its default
+            "--steps=null",  # not Optional: the dataclass default
+            "--policy.dim_model=NULL",
+            "--scheduler=null",  # a nested dataclass
+        ]
+    )
+    defaults = TrainConfig()
+    assert loaded.parallelism.dp_replicate is None and loaded.steps == defaults.steps
+    assert loaded.policy.dim_model == type(loaded.policy)().dim_model
+    assert loaded.scheduler == defaults.scheduler
+    # In a JSON config too.
+    data = {**to_dict(cfg), "batch_size": None, "optimizer": {"betas": None}}
+    # (an optimizer without a type is LeRobot's default choice, adam)
+    assert from_dict(TrainConfig, data).optimizer.betas == AdamConfig().betas
+    with pytest.raises(ConfigError, match="expected an integer"):
+        parse_train_config(["--steps=nul"])

@@ -46,7 +46,10 @@ def fsdp_run(dataset_root, tmp_path_factory):
 def test_sharded_resume_on_one_process_needs_dp_shard_1(fsdp_run, capsys):
     config = fsdp_run / "checkpoints/last/pretrained_model/train_config.json"
     assert train_main(["--resume=true", f"--config_path={config}", "--steps=4"]) == 2
-    assert "--parallelism.dp_shard=2 does not divide the world size 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--parallelism.dp_shard=2 does not divide the world size 1" in err
+    # ... and names the fix.
+    assert "pass --parallelism.dp_shard=1 --checkpoint_format=safetensors" in err
     assert (
         train_main(
             ["--resume=true", f"--config_path={config}", "--steps=4", "--parallelism.dp_shard=1"]

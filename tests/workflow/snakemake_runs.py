@@ -108,6 +108,39 @@ class Workspace:
         print(f"$ snakemake {' '.join(args)}  # {result.seconds:.1f} s, rc {proc.returncode}")
         return result
 
+    def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
+        """snakemake in the background (its output in snakemake.out), to be killed by a test."""
+        with open(self.root / "snakemake.out", "w") as out:
+            return subprocess.Popen(
+                [str(VENV_BIN / "snakemake"), *args],
+                cwd=self.root,
+                env=pipeline_env(env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+
+    def trainers(self) -> set[int]:
+        """The trainers running in this workspace now: each torchrun, and the parent of every
+        lerobot-train rank (a torchrun, or whatever adopted an orphaned rank)."""
+        found = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if Path(os.readlink(entry / "cwd")) != self.root.resolve():
+                    continue
+                argv = (entry / "cmdline").read_bytes().decode().split("\0")
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+            if not any(arg.endswith("lerobot-train") for arg in argv):
+                continue
+            is_torchrun = any(arg.endswith("torchrun") for arg in argv)
+            found.add(int(entry.name) if is_torchrun else parent)
+        return found
+
     def run_ok(self, *args: str, **kwargs) -> Result:
         result = self.snakemake(*args, **kwargs)
         assert result.returncode == 0, result.output[-6000:]

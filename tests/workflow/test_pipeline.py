@@ -159,6 +159,9 @@ def test_bad_config_fails_in_validate_before_training(tmp_path):
     assert result.returncode != 0
     assert "Error in rule validate" in result.output
     assert "dp_shard" in result.output  # lerobot-train's message, on the console
+    assert "[config: train.parallelism.dp_shard, launch.nproc_per_node x launch.nnodes]" in (
+        result.output
+    )  # ... naming the config keys
     assert "train" not in result.jobs()
     assert not workspace.path(TRAIN_DIR).exists()
     assert not workspace.path(f"{RUN}/logs/train.log").exists()

@@ -114,10 +114,15 @@ def test_publishing_switched_on_from_the_command_line(workspace):
 @pytest.mark.parametrize(
     "override, complaint",
     [
-        ({"no_such_key": 1}, "no_such_key"),
-        ({"launch": {"nproc_per_node": 0}}, "nproc_per_node"),
-        ({"train": {"output_dir": "elsewhere"}}, "output_dir"),
-        ({"publish": {"steps": "some"}}, "steps"),
+        (
+            {"no_such_key": 1},
+            "unknown config key no_such_key; allowed here: run, dataset, launch, train, slurm, "
+            "publish, hub_repo_id, hub_endpoint",
+        ),
+        ({"launch": {"nprocs": 2}}, "unknown config key launch.nprocs; allowed here: nproc_per"),
+        ({"launch": {"nproc_per_node": 0}}, "config key launch.nproc_per_node: 0 is less than"),
+        ({"train": {"output_dir": "x"}}, "train.output_dir: the pipeline sets --output_dir"),
+        ({"publish": {"steps": "some"}}, "config key publish.steps: 'some' is not one of"),
     ],
 )
 def test_config_schema_rejects_bad_keys(workspace, override, complaint):
@@ -125,6 +130,16 @@ def test_config_schema_rejects_bad_keys(workspace, override, complaint):
     result = workspace.snakemake("-n", "--configfile", "config/config.yaml", name)
     assert result.returncode != 0
     assert complaint in result.output
+    # One line naming the key, not Snakemake's dump of the schema and the config.
+    assert "Failed validating" not in result.output and len(result.output.splitlines()) < 10
+
+
+def test_null_keys_are_passed_to_lerobot_train(workspace):
+    """null means lerobot-train's default on every run, also over a resumed checkpoint's
+    saved value: the flag is passed, not left out."""
+    result = workspace.run_ok("-n", "-p")
+    assert "--parallelism.dp_replicate=null --parallelism.dp_shard=-1" in result.output
+    assert "--dataset.repo_id=null --dataset.revision=null" in result.output
 
 
 def test_only_complete_checkpoints_are_converted(trained):

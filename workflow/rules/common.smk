@@ -1,6 +1,7 @@
 # Paths, the lerobot-train flags of the run, and the checkpoint steps training produced.
 import json
 import shlex
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -23,18 +24,29 @@ TRAIN_DIR = f"{RESULTS}/train"
 STEP_DIR = f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/{{step}}"
 # Written last into a step folder: its presence marks a complete checkpoint.
 STEP_FILE = f"{STEP_DIR}/{TRAINING_STATE_DIR}/{TRAINING_STEP}"
-LAST_STEP_FILE = STEP_FILE.format(step=LAST_CHECKPOINT_LINK)
 METRICS = f"{TRAIN_DIR}/metrics.jsonl"
 
 USE_SYNTHETIC_DATASET = not (config["dataset"]["root"] or config["dataset"]["repo_id"])
 PUBLISHING = bool(config["hub_repo_id"])
 WORLD_SIZE = config["launch"]["nnodes"] * config["launch"]["nproc_per_node"]
 
-if not PUBLISHING and workflow.is_main_process:
-    logger.info(
-        "Publishing is off: the pipeline stops after conversion. "
-        "Switch it on with --config hub_repo_id=<user>/<repo>."
-    )
+# A safe --unlock: lerobot-pipe check-run-lock fails while a trainer still holds the run.
+UNLOCK_COMMAND = (
+    f"lerobot-pipe check-run-lock --output_dir={TRAIN_DIR} && snakemake --unlock"
+)
+
+if workflow.is_main_process:
+    if not PUBLISHING:
+        logger.info(
+            "Publishing is off: the pipeline stops after conversion. "
+            "Switch it on with --config hub_repo_id=<user>/<repo>."
+        )
+    if "--unlock" not in sys.argv and any(Path(".snakemake/locks").glob("*")):
+        logger.warning(
+            "A Snakemake lock is in .snakemake/locks. If Snakemake stops because the "
+            "directory cannot be locked and no other snakemake runs here (one was killed "
+            f"hard), run `make unlock` or `{UNLOCK_COMMAND}`, then this command again."
+        )
 
 
 wildcard_constraints:
@@ -53,18 +65,19 @@ def dotted_flags(mapping, prefix=""):
     """Nested config keys as lerobot-train flags: {"policy": {"type": "act"}} gives
     --policy.type=act.
 
-    Keys set to null are left out, so that lerobot-train's default applies.
+    Keys set to null are passed as --key=null: lerobot-train's default, also on a resume
+    (the config is the whole truth, not the checkpoint's saved train_config.json).
     """
     for key, value in mapping.items():
         if isinstance(value, dict):
             yield from dotted_flags(value, f"{prefix}{key}.")
-        elif value is not None:
-            yield f"--{prefix}{key}={_flag_value(value)}"
+        else:
+            yield f"--{prefix}{key}={'null' if value is None else _flag_value(value)}"
 
 
 def dataset_flags():
     if USE_SYNTHETIC_DATASET:
-        return {"root": SYNTHETIC_DATASET}
+        return {"root": SYNTHETIC_DATASET, "repo_id": None, "revision": None}
     return {key: config["dataset"][key] for key in ("root", "repo_id", "revision")}
 
 
@@ -119,3 +132,35 @@ def published_steps(wildcards):
     if config["publish"]["steps"] == "final":
         steps = steps[-1:]
     return expand(rules.publish.output[0], step=steps)
+
+
+def print_results():
+    """Where a finished run's results are (the Snakefile's onsuccess)."""
+    steps = complete_steps()
+    last = Path(TRAIN_DIR, CHECKPOINTS_DIR, LAST_CHECKPOINT_LINK)
+    lines = [f"Results of run {RUN!r}, in {RESULTS}/:"]
+    if steps:
+        link = f"; last -> {last.readlink()}" if last.is_symlink() else ""
+        lines.append(
+            f"  checkpoints  {TRAIN_DIR}/{CHECKPOINTS_DIR}/ ({', '.join(steps)}{link})"
+        )
+    converted = sorted(
+        p.parent.name
+        for p in Path(RESULTS, "converted").glob(f"*/{PRETRAINED_MODEL_DIR}")
+    )
+    if converted:
+        lines.append(
+            f"  policies     {RESULTS}/converted/<step>/{PRETRAINED_MODEL_DIR}/ "
+            f"({', '.join(converted)}): load with --policy.path=<that folder>"
+        )
+    published = sorted(p.stem for p in Path(RESULTS, "published").glob("*.json"))
+    if published:
+        lines.append(
+            f"  published    {config['hub_repo_id']} ({', '.join(published)}), "
+            f"receipts in {RESULTS}/published/"
+        )
+    lines += [
+        f"  logs         {RESULTS}/logs/ (training: {RESULTS}/logs/train.log)",
+        "  report       snakemake --report report.html (loss, throughput, checkpoint table)",
+    ]
+    logger.info("\n".join(lines))

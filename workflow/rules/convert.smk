@@ -15,9 +15,14 @@ rule convert:
         step_dir=lambda wildcards: STEP_DIR.format(step=wildcards.step),
     shell:
         # Written beside the output and renamed: an interrupted job leaves no output.
+        # A failure's cause goes to the terminal too (its error lines, else the end of the log).
         """
         rm -rf {output}.tmp
         lerobot-convert-dcp --checkpoint_dir={params.step_dir} \
-            --output_dir={output}.tmp >{log} 2>&1
+            --output_dir={output}.tmp >{log} 2>&1 || failed=1
+        if [ -n "${{failed:-}}" ]; then
+            grep -h ERROR {log} >&2 || tail -n 15 {log} >&2
+            exit 1
+        fi
         mv {output}.tmp {output}
         """

@@ -23,10 +23,15 @@ rule publish:
             f"--endpoint={config['hub_endpoint']}" if config["hub_endpoint"] else ""
         ),
     shell:
-        # lerobot-pipe publish writes the receipt atomically, after the commit.
+        # lerobot-pipe publish writes the receipt atomically, after the commit. A failure's
+        # cause goes to the terminal too (its error lines, else the end of the log).
         """
         lerobot-pipe publish --pretrained_dir={input} --repo_id={params.repo_id} \
             --step={wildcards.step} --intermediate={params.intermediate} \
             --private={params.private} {params.endpoint} \
-            --receipt={output} >{log} 2>&1
+            --receipt={output} >{log} 2>&1 || failed=1
+        if [ -n "${{failed:-}}" ]; then
+            grep -h ERROR {log} >&2 || tail -n 15 {log} >&2
+            exit 1
+        fi
         """

@@ -2,8 +2,8 @@
 # from the complete checkpoints it left in TRAIN_DIR (never a declared output, so a
 # failed or rerun job cannot delete them). Any change of the train or launch config
 # reruns it, and a rerun (after a kill, with more steps, on another topology) resumes
-# from the newest complete checkpoint; one that already reached `steps` finds nothing
-# to train and leaves the checkpoints untouched.
+# from the newest complete checkpoint; one that already reached `steps` launches
+# nothing and leaves the checkpoints untouched.
 
 
 def train_resources():
@@ -49,35 +49,17 @@ checkpoint train:
         flags=train_flags(),
         nproc_per_node=config["launch"]["nproc_per_node"],
         nnodes=config["launch"]["nnodes"],
-        world_size=WORLD_SIZE,
         rdzv_port=config["launch"]["rdzv_port"],
-        output_dir=TRAIN_DIR,
-        last_step_file=LAST_STEP_FILE,
     shell:
-        # In a SLURM allocation of more than one process: srun starts one torchrun per
-        # node, with c10d rendezvous on the first node. Otherwise a standalone torchrun.
+        # lerobot-pipe launch-train (lerobot_pipe/training/launcher.py) replaces this shell, so
+        # that it is snakemake's own child: it stops while another trainer holds the run,
+        # launches nothing when the checkpoints already reach `steps`, starts torchrun (srun +
+        # torchrun in a SLURM allocation of several processes), shows progress here, keeps the
+        # whole log in {log}, and stops training when snakemake is gone.
         """
         export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 # threads: sets both to 2 per rank
-        resume=$(lerobot-pipe resume-args --output_dir={params.output_dir} 2>{log})
-        train=$(which lerobot-train)
-        if [ -n "${{SLURM_JOB_ID:-}}" ] && [ {params.world_size} -gt 1 ]; then
-            nodes=$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%N)
-            head=$(scontrol show hostnames "$nodes" | head -n 1)
-            echo "SLURM job $SLURM_JOB_ID: srun + torchrun on $nodes," \
-                "rendezvous $head:{params.rdzv_port}" >>{log}
-            srun --nodes={params.nnodes} --ntasks={params.nnodes} --ntasks-per-node=1 \
-                --cpus-per-task=$(({params.nproc_per_node} * {resources.cpus_per_task})) \
-                --kill-on-bad-exit=1 \
-                torchrun --nnodes={params.nnodes} \
-                --nproc-per-node={params.nproc_per_node} \
-                --rdzv-backend=c10d --rdzv-id="$SLURM_JOB_ID" \
-                --rdzv-endpoint="$head:{params.rdzv_port}" \
-                "$train" $resume {params.flags} >>{log} 2>&1
-        else
-            echo "torchrun --standalone on $(hostname)" >>{log}
-            torchrun --standalone --nproc-per-node={params.nproc_per_node} \
-                "$train" $resume {params.flags} >>{log} 2>&1
-        fi
-        cp {params.last_step_file} {output}.tmp
-        mv {output}.tmp {output}
+        exec lerobot-pipe launch-train --nproc_per_node={params.nproc_per_node} \
+            --nnodes={params.nnodes} --rdzv_port={params.rdzv_port} \
+            --cpus_per_task={resources.cpus_per_task} --log={log} \
+            --final_checkpoint={output} {params.flags}
         """

@@ -1,0 +1,69 @@
+"""The pipeline's config (config/config.yaml) in the words of its keys.
+
+:func:`config_problems` checks a config against the workflow's JSON schema and names each
+problem by its key, one line each (Snakemake's own validate() prints the whole schema and config
+for an unknown key). :func:`with_config_keys` adds, to a lerobot-train message that names flags,
+the config keys that set them (``--checkpoint_format`` is ``train.checkpoint_format``).
+"""
+
+from __future__ import annotations
+
+import re
+
+# lerobot-train flags the pipeline sets itself (the schema refuses them under `train`).
+_SET_BY_PIPELINE = {"output_dir", "job_name", "resume", "config_path"}
+# --dataset.* flags that come from the config's own `dataset` section.
+_DATASET_KEYS = {"dataset.root", "dataset.repo_id", "dataset.revision"}
+_FLAG = re.compile(r"--([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
+
+
+def config_problems(config: dict, schema: dict) -> list[str]:
+    """Every way ``config`` breaks ``schema``, one line each, naming the key."""
+    from jsonschema import Draft202012Validator
+
+    problems = []
+    for error in Draft202012Validator(schema).iter_errors(config):
+        path = ".".join(str(part) for part in error.absolute_path)
+        prefix = f"{path}." if path else ""
+        if error.validator == "additionalProperties":
+            allowed = list(error.schema.get("properties", {}))
+            for key in sorted(set(error.instance) - set(allowed)):
+                problems.append(
+                    f"unknown config key {prefix}{key}; allowed here: {', '.join(allowed)} "
+                    "(config/README.md)"
+                )
+        elif error.validator == "not" and path == "train":
+            forbidden = [
+                key
+                for option in error.schema["not"].get("anyOf", [])
+                for key in option.get("required", [])
+                if key in error.instance
+            ]
+            for key in forbidden:
+                problems.append(
+                    f"config key train.{key}: the pipeline sets --{key} itself; remove it "
+                    "(config/README.md)"
+                )
+        else:
+            problems.append(f"config key {path or '(top level)'}: {error.message}")
+    return problems
+
+
+def config_key(flag: str) -> str | None:
+    """The pipeline config key that sets lerobot-train's ``--<flag>`` (None: the pipeline's)."""
+    if flag in _SET_BY_PIPELINE:
+        return None
+    if flag.startswith("dataset."):
+        return flag if flag in _DATASET_KEYS else None
+    return f"train.{flag}"
+
+
+def with_config_keys(message: str) -> str:
+    """``message`` and, after it, the config keys behind the flags (and world size) it names."""
+    found = [config_key(flag) for flag in _FLAG.findall(message)]
+    if "world size" in message:
+        found.append("launch.nproc_per_node x launch.nnodes")
+    keys = list(dict.fromkeys(key for key in found if key))
+    if not keys:
+        return message
+    return f"{message} [config: {', '.join(keys)}]"

@@ -1,0 +1,405 @@
+"""The pipeline's train job: ``lerobot-pipe launch-train``, which the train rule ``exec``s.
+
+It runs where the job's shell ran, as the direct child of the snakemake process (or, under the
+SLURM profile, of the job's own snakemake inside the allocation), and:
+
+1. stops at once, naming the holder, while a trainer holds the run lock of ``--output_dir``;
+2. finishes without launching anything when the newest complete checkpoint already reaches
+   ``--steps`` (``train.steps``), e.g. after a config change that trains nothing new;
+3. starts ``torchrun --standalone`` (inside a SLURM allocation of more than one process:
+   ``srun`` + one torchrun per node, c10d rendezvous on the first node) in a process group of
+   its own, resuming from the newest complete checkpoint, its output appended to the job's log;
+4. shows the trainer's progress lines (step, loss, samples/s, ETA, saved checkpoints), warnings
+   and errors on its own stderr (the terminal snakemake runs in) while the whole output goes to
+   the log;
+5. stops training when snakemake is gone, however it went (SIGKILL included), and when it is
+   told to stop (SIGINT from Ctrl-C, SIGTERM, SIGHUP): SIGTERM to torchrun's group, and torchrun
+   stops its workers; whatever still runs GRACE_S later (or at a second signal) is SIGKILLed;
+6. copies the final checkpoint's training_step.json to the job's output.
+
+Why a polling watchdog and not ``PR_SET_PDEATHSIG``: that signal fires when the parent *thread*
+that started the process exits, and Snakemake starts jobs from the worker threads of a pool;
+nor would it reach torchrun's workers, which torchrun starts in sessions of their own. Once
+snakemake is gone this process is re-parented (to init or a subreaper), so ``os.getppid()``
+changes: checked every POLL_S seconds, whatever killed snakemake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TextIO
+
+from lerobot_pipe.configs.parser import ConfigError
+from lerobot_pipe.pipeline_config import with_config_keys
+from lerobot_pipe.training.checkpoint import (
+    CheckpointError,
+    checkpoints_dir,
+    latest_complete_checkpoint,
+    newest_usable_checkpoint,
+    training_step_path,
+)
+from lerobot_pipe.training.progress import PROGRESS_LOGGER
+from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+GRACE_S = 15.0
+_TAIL_LINES = 15
+
+_PROGRESS_LINE = re.compile(rf"^INFO \S+ {re.escape(PROGRESS_LOGGER)}: (?P<text>.*)$")
+_PROBLEM_LINE = re.compile(r"^(\[rank\d+\] )?(?P<level>WARNING|ERROR|CRITICAL) \S+ lerobot_pipe")
+_STEP = re.compile(r"^step (\d+)/(\d+)")
+
+
+class Terminal:
+    """The launcher's messages on its stderr: progress redrawn in place on a TTY (one line per
+    update elsewhere); a terminal that went away is dropped silently."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream: TextIO | None = stream
+        self.tty = stream.isatty()
+        self._drawn = False
+
+    def _write(self, text: str) -> None:
+        if self.stream is None:
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.stream = None
+
+    def line(self, text: str) -> None:
+        self._write(("\r\x1b[K" if self._drawn else "") + f"train: {text}\n")
+        self._drawn = False
+
+    def progress(self, text: str) -> None:
+        """A progress line; on a TTY redrawn in place (one that saved a checkpoint stays)."""
+        if not self.tty or "; saved " in text:
+            self.line(text)
+            return
+        match = _STEP.match(text)
+        bar = ""
+        if match:
+            done = int(match.group(1)) * 20 // max(int(match.group(2)), 1)
+            bar = f"|{'#' * done}{' ' * (20 - done)}| "
+        # Cut to the terminal's width: a wrapped line cannot be redrawn in place.
+        width = shutil.get_terminal_size().columns - 1
+        self._write(f"\r\x1b[K{f'train: {bar}{text}'[:width]}")
+        self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn:
+            self._write("\n")
+            self._drawn = False
+
+
+class LogFollower:
+    """New complete lines of a log file that another process appends to."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115 - read while the trainer writes; closed in close()
+        self._file.seek(offset)
+        self._partial = b""
+
+    def lines(self) -> list[str]:
+        data = self._partial + self._file.read()
+        *complete, self._partial = data.split(b"\n")
+        return [line.decode(errors="replace").rstrip("\r") for line in complete]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process (Linux /proc; empty elsewhere)."""
+    parents = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = Path(entry.path, "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(0), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def is_running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+class Supervisor:
+    """One launcher command (torchrun, or srun + torchrun) in its own process group, its output
+    appended to the log, tied to this process's parent and to the signals this process gets."""
+
+    def __init__(
+        self, log_file, follower: LogFollower, terminal: Terminal, grace_s: float = GRACE_S
+    ) -> None:
+        self.log_file = log_file
+        self.grace_s = grace_s
+        self.follower = follower
+        self.terminal = terminal
+        self._stop: list[int] = []
+
+    def say(self, text: str) -> None:
+        self.log_file.write(f"lerobot-pipe launch-train: {text}\n")
+        self.log_file.flush()
+        self.terminal.line(text)
+
+    def pump(self) -> None:
+        """Show what the trainer wrote since the last call."""
+        for line in self.follower.lines():
+            if match := _PROGRESS_LINE.match(line):
+                self.terminal.progress(match.group("text"))
+            elif match := _PROBLEM_LINE.match(line):
+                text = with_config_keys(line) if match.group("level") != "WARNING" else line
+                self.terminal.line(text)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        self._stop.append(signum)
+
+    def run(self, command: list[str], env: Mapping[str, str]) -> int:
+        """Run ``command`` to its end, or until told to stop; its exit status (128 + the signal
+        when this process stopped it)."""
+        parent = os.getppid()
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        try:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=self.log_file,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,
+            )
+            while True:
+                self.pump()
+                returncode = proc.poll()
+                if returncode is not None:
+                    self.pump()
+                    return returncode
+                reason = None
+                if self._stop:
+                    reason = f"{signal.Signals(self._stop[0]).name} received"
+                elif os.getppid() != parent:
+                    reason = f"the process that started it (pid {parent}) is gone"
+                if reason is not None:
+                    self.say(f"stopping training: {reason}")
+                    self.stop(proc)
+                    self.pump()
+                    return 128 + (self._stop[0] if self._stop else signal.SIGHUP)
+                time.sleep(POLL_S)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        """SIGTERM to torchrun's group (torchrun then stops its workers, which sit in sessions
+        of their own); SIGKILL to all of them if anything still runs ``grace_s`` later, or as
+        soon as another signal comes (a second Ctrl-C)."""
+        below = descendants(proc.pid)
+        signals_before = len(self._stop)
+        _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and len(self._stop) == signals_before:
+            if proc.poll() is not None and not any(map(is_running, below)):
+                return
+            self.pump()
+            time.sleep(0.1)
+        left = [pid for pid in below if is_running(pid)]
+        self.say(f"still running: SIGKILL to {[proc.pid, *left]}")
+        for pid in [proc.pid, *left]:
+            _signal_group(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _slurm_nodes(job_id: str) -> tuple[str, str]:
+    """The allocation's node list and its first host (outside a job step only SLURM_JOB_ID is
+    set, so ask squeue)."""
+    try:
+        nodes = subprocess.run(
+            ["squeue", "--noheader", f"--jobs={job_id}", "--format=%N"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        hosts = subprocess.run(
+            ["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, check=True
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise ConfigError(f"cannot list the nodes of SLURM job {job_id}: {e}") from None
+    return nodes, hosts[0]
+
+
+def launch_command(
+    train_args: list[str],
+    *,
+    nproc_per_node: int,
+    nnodes: int,
+    rdzv_port: int,
+    cpus_per_task: int,
+    env: Mapping[str, str],
+) -> tuple[list[str], str]:
+    """The launcher command and a sentence for the log saying how training is launched."""
+    train = shutil.which("lerobot-train")
+    if train is None:
+        raise ConfigError("lerobot-train is not on PATH: install lerobot_pipe in this environment")
+    job = env.get("SLURM_JOB_ID")
+    if job and nproc_per_node * nnodes > 1:
+        nodes, head = _slurm_nodes(job)
+        command = [
+            "srun",
+            f"--nodes={nnodes}",
+            f"--ntasks={nnodes}",
+            "--ntasks-per-node=1",
+            f"--cpus-per-task={nproc_per_node * cpus_per_task}",
+            "--kill-on-bad-exit=1",
+            "torchrun",
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-id={job}",
+            f"--rdzv-endpoint={head}:{rdzv_port}",
+            train,
+            *train_args,
+        ]
+        return (
+            command,
+            f"SLURM job {job}: srun + torchrun on {nodes}, rendezvous {head}:{rdzv_port}",
+        )
+    command = ["torchrun", "--standalone", f"--nproc-per-node={nproc_per_node}", train, *train_args]
+    return command, f"torchrun --standalone on {socket.gethostname()}, {nproc_per_node} process(es)"
+
+
+def write_final_checkpoint(step_dir: Path, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.copyfile(training_step_path(step_dir), tmp)
+    os.replace(tmp, path)
+
+
+def _tail(path: Path) -> list[str]:
+    lines = path.read_text(errors="replace").splitlines()
+    return [line for line in lines if not _PROGRESS_LINE.match(line)][-_TAIL_LINES:]
+
+
+def launch_train(
+    train_args: list[str],
+    *,
+    log_path: Path,
+    final_checkpoint: Path | None = None,
+    nproc_per_node: int = 1,
+    nnodes: int = 1,
+    rdzv_port: int = 29500,
+    cpus_per_task: int = 1,
+    env: Mapping[str, str] = os.environ,
+    terminal: Terminal | None = None,
+) -> int:
+    """Train as the pipeline's train job does (see the module docstring); the exit status."""
+    from lerobot_pipe.training.plan import parse_train_config
+
+    terminal = terminal or Terminal(sys.stderr)
+    cfg, _ = parse_train_config(train_args)
+    if not cfg.output_dir:
+        raise ConfigError("launch-train needs --output_dir")
+    output_dir = Path(cfg.output_dir)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        check_run_lock(output_dir)
+    except RunLockError as e:
+        # Appended: the holder may be writing to this very log.
+        with open(log_path, "a") as f:
+            f.write(f"lerobot-pipe launch-train: error: {e}\n")
+        raise
+    found = newest_usable_checkpoint(output_dir)
+    with open(log_path, "w") as log_file:
+        follower = LogFollower(log_path, 0)
+        supervisor = Supervisor(log_file, follower, terminal)
+        try:
+            if found is not None:
+                step = found[1]["step"]
+                supervisor.say(f"resuming from {found[0]} (step {step})")
+                if step >= cfg.steps:
+                    supervisor.say(
+                        f"checkpoint step {step} already reaches --steps={cfg.steps} "
+                        "(train.steps): nothing to train, torchrun not started"
+                    )
+                    if final_checkpoint is not None:
+                        write_final_checkpoint(found[0], final_checkpoint)
+                    return 0
+            else:
+                supervisor.say(f"no complete checkpoint in {output_dir}: training starts fresh")
+            resume = ["--resume=true"] if found is not None else []
+            command, how = launch_command(
+                [*resume, *train_args],
+                nproc_per_node=nproc_per_node,
+                nnodes=nnodes,
+                rdzv_port=rdzv_port,
+                cpus_per_task=cpus_per_task,
+                env=env,
+            )
+            supervisor.say(f"{how}; the whole log: {log_path}")
+            returncode = supervisor.run(command, env)
+            if 0 < returncode < 128 or returncode < 0:
+                tail = _tail(log_path)
+                supervisor.say(f"training failed (exit status {returncode}); the log ends:")
+                for line in tail:
+                    terminal.line(f"  {line}")
+            if returncode != 0:
+                return returncode
+            latest = latest_complete_checkpoint(output_dir)
+            if latest is None:
+                raise CheckpointError(
+                    f"training finished but {checkpoints_dir(output_dir)} holds no complete "
+                    "checkpoint (--save_checkpoint=false?)"
+                )
+            if final_checkpoint is not None:
+                write_final_checkpoint(latest, final_checkpoint)
+            supervisor.say(f"finished; the newest checkpoint is {latest}")
+            return 0
+        finally:
+            terminal.close()
+            follower.close()
