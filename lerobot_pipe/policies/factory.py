@@ -46,16 +46,20 @@ def fill_features(cfg: PreTrainedConfig, dataset_features: dict | None) -> None:
     cfg.validate_features()
 
 
-def make_policy(cfg: PreTrainedConfig, dataset_features: dict | None = None) -> PreTrainedPolicy:
+def make_policy(
+    cfg: PreTrainedConfig, dataset_features: dict | None = None, *, pretrained_parts: bool = True
+) -> PreTrainedPolicy:
     """Build the policy ``cfg`` describes.
 
     Empty ``cfg.input_features`` / ``cfg.output_features`` are filled (in place) from
     ``dataset_features``, a dataset's ``info["features"]``. With ``cfg.pretrained_path`` set
     the weights are loaded from that folder (the policy then comes back in eval mode, like
-    LeRobot's); otherwise they are freshly initialized.
+    LeRobot's); otherwise they are freshly initialized, with the pretrained sub-networks the
+    config names (an ImageNet backbone) loaded unless ``pretrained_parts`` is False (a resumed
+    run, whose checkpoint holds every weight).
     """
     fill_features(cfg, dataset_features)
     policy_cls = get_policy_class(cfg.type)
     if cfg.pretrained_path:
         return policy_cls.from_pretrained(cfg.pretrained_path, config=cfg)
-    return policy_cls(cfg)
+    return policy_cls(cfg, pretrained_parts=pretrained_parts)
