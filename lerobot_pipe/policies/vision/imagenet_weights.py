@@ -105,9 +105,11 @@ def _check_file(path: Path, backbone: nn.Module, label: str) -> dict[str, torch.
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch.load raises many types for a damaged file
+        # The first line only: torch's weights-only message goes on to suggest weights_only=False.
+        reason = (str(e).splitlines() or [""])[0][:200]
         raise BackboneWeightsError(
-            f"{path} ({label}) cannot be read ({type(e).__name__}: {e}); delete it to download "
-            f"it again, or {_NULL_HINT}"
+            f"{path} ({label}) cannot be read ({type(e).__name__}: {reason}); delete it to "
+            f"download it again, or {_NULL_HINT}"
         ) from None
     if not isinstance(state, dict):
         raise BackboneWeightsError(f"{path} ({label}) does not hold a state dict; delete it")
