@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from launch import run_distributed
+from safetensors.torch import load_file
 from tiny import DETERMINISTIC, losses, tiny_act_flags
 
 from lerobot_pipe import constants as C
@@ -166,7 +167,9 @@ def _flags(root: Path, **overrides) -> list[str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("act_cameras")
-    single = train_rank([*_flags(root), "--batch_size=8", f"--output_dir={root / 'single'}"])
+    single = train_rank(
+        [*_flags(root, save_freq=4), "--batch_size=8", f"--output_dir={root / 'single'}"]
+    )
     ddp = run_distributed(
         train_rank, 2, [*_flags(root), "--batch_size=4", f"--output_dir={root / 'ddp'}"]
     )
@@ -194,8 +197,24 @@ def runs(tmp_path_factory) -> dict:
             f"--output_dir={root / 'resumed'}",
         ],
     )
+    base = root / "single" / C.CHECKPOINTS_DIR / "000004" / C.PRETRAINED_MODEL_DIR
+    lora = run_distributed(
+        train_rank,
+        2,
+        [
+            *_flags(root, steps=2),
+            f"--policy.path={base}",
+            "--peft.r=4",
+            '--peft.target_modules=["linear1","conv2"]',
+            "--batch_size=4",
+            "--parallelism.dp_shard=2",
+            f"--output_dir={root / 'lora'}",
+        ],
+    )
     return {
         "root": root,
+        "base": base,
+        "lora": lora,
         "step_dir": step_dir,
         "single": single,
         "ddp": ddp,
@@ -219,6 +238,23 @@ def test_backbone_lr_group_survives_every_topology(runs) -> None:
     for rank in [runs["single"], *runs["ddp"], *runs["fsdp"], *runs["resumed"]]:
         (_, lr_rest), (n_group, lr_group) = rank["groups"]
         assert (n_group, lr_group, lr_rest) == (n_backbone, LR_BACKBONE, 1e-3)
+
+
+def test_lora_on_backbone_convolutions_under_fsdp2(runs) -> None:
+    """LoRA on the backbone's conv2 layers trains in the backbone's group at its learning rate;
+    the base weights and the frozen batch norms do not move."""
+    (_, lr_rest), (n_group, lr_group) = runs["lora"][0]["groups"]
+    assert (n_group, lr_group, lr_rest) == (2 * 8, LR_BACKBONE, 1e-3)  # lora_A/B of 8 blocks
+    final = runs["lora"][0]["final"]["model"]
+    base = load_file(runs["base"] / "model.safetensors")
+    prefix = "base_model.model."
+    moved = [k for k in final if "lora_B" in k and ".backbone." in k and final[k].abs().sum() > 0]
+    assert len(moved) == 8
+    for key, value in base.items():
+        name = prefix + key.replace(".conv2.", ".conv2.base_layer.").replace(
+            ".linear1.", ".linear1.base_layer."
+        )
+        assert torch.equal(final[name], value), key
 
 
 def test_fsdp2_shards_the_backbone(runs) -> None:

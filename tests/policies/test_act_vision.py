@@ -36,7 +36,9 @@ RESNET18_FILE = "resnet18-f37072fd.pth"
 
 
 def camera_config(shapes=((3, 64, 64), (3, 64, 64)), env: bool = True, **overrides) -> ACTConfig:
-    inputs = {key: {"type": "VISUAL", "shape": list(s)} for key, s in zip(CAMERAS, shapes)}
+    inputs = {
+        key: {"type": "VISUAL", "shape": list(s)} for key, s in zip(CAMERAS, shapes, strict=True)
+    }
     inputs["observation.state"] = {"type": "STATE", "shape": [STATE_DIM]}
     if env:
         inputs["observation.environment_state"] = {"type": "ENV", "shape": [ENV_DIM]}

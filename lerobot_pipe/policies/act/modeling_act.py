@@ -358,22 +358,21 @@ class ACT(nn.Module):
     def _camera_tokens(self, batch: dict[str, Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         """Per camera (in ``image_features`` order): its feature-map tokens (h*w, B, D) and their
         position embeddings (h*w, 1, D), pixels in row-major order."""
-        by_shape: dict[tuple[int, ...], list[int]] = {}
-        for i, key in enumerate(self.camera_keys):
-            by_shape.setdefault(tuple(_require(batch, key).shape), []).append(i)
-        tokens: list[Tensor] = [None] * len(self.camera_keys)  # type: ignore[list-item]
-        positions: list[Tensor] = [None] * len(self.camera_keys)  # type: ignore[list-item]
-        for cameras in by_shape.values():
-            frames = [batch[self.camera_keys[i]] for i in cameras]
-            frames = frames[0] if len(frames) == 1 else torch.cat(frames)
+        by_shape: dict[tuple[int, ...], list[str]] = {}
+        for key in self.camera_keys:
+            by_shape.setdefault(tuple(_require(batch, key).shape), []).append(key)
+        tokens: dict[str, Tensor] = {}
+        positions: dict[str, Tensor] = {}
+        for keys in by_shape.values():
+            frames = batch[keys[0]] if len(keys) == 1 else torch.cat([batch[k] for k in keys])
             feature_map = self.backbone(frames)  # (n_cameras * B, C, h, w)
             pos = self.encoder_cam_feat_pos_embed(feature_map).to(feature_map.dtype)
             pos = pos.flatten(2).permute(2, 0, 1)  # (h*w, 1, D)
             projected = self.encoder_img_feat_input_proj(feature_map)
-            for i, part in zip(cameras, projected.chunk(len(cameras)), strict=True):
-                tokens[i] = part.flatten(2).permute(2, 0, 1)  # (h*w, B, D)
-                positions[i] = pos
-        return tokens, positions
+            for key, part in zip(keys, projected.chunk(len(keys)), strict=True):
+                tokens[key] = part.flatten(2).permute(2, 0, 1)  # (h*w, B, D)
+                positions[key] = pos
+        return [tokens[k] for k in self.camera_keys], [positions[k] for k in self.camera_keys]
 
     def _encode_latent(
         self, batch: dict[str, Tensor], batch_size: int
@@ -453,7 +452,7 @@ class ACTPolicy(PreTrainedPolicy):
 
     config_class = ACTConfig
     name = "act"
-    # Transformer layers, and each residual block of the camera backbone (docs/sharding.md).
+    # Transformer layers, and each residual block of the camera backbone (docs/vision.md).
     _fsdp_wrap_modules = [
         "ACTEncoderLayer",
         "ACTDecoderLayer",
