@@ -108,6 +108,10 @@ def convert_value(raw: Any, tp: Any, flag: str) -> Any:
         if inner is bool:
             if isinstance(raw, bool):
                 return raw
+            # JSON 0/1, as LeRobot's draccus writes a flag it types int (e.g. ACT's
+            # replace_final_stride_with_dilation), like the strings "0"/"1" of a CLI flag.
+            if isinstance(raw, int) and raw in (0, 1):
+                return bool(raw)
             if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
                 return raw.strip().lower() in _TRUE
             raise ValueError

@@ -82,7 +82,9 @@ def select_wrap_units(
         )
     present = set(_module_classes(model))
     missing = [c for c in class_names if c not in present]
-    if missing:
+    # A policy names the units of its optional parts too (the backbone exists with cameras only).
+    policy_default = fsdp.wrap_modules is None and len(missing) < len(class_names)
+    if missing and not policy_default:
         raise ConfigError(
             f"{flag}: {', '.join(missing)} match no module of the model; module classes present: "
             f"{', '.join(sorted(present))}"

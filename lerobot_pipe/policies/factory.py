@@ -56,14 +56,18 @@ def fill_features(cfg: PreTrainedConfig, dataset_features: dict | None) -> None:
     cfg.validate_features()
 
 
-def make_policy(cfg: PreTrainedConfig, dataset_features: dict | None = None) -> PreTrainedPolicy:
+def make_policy(
+    cfg: PreTrainedConfig, dataset_features: dict | None = None, *, pretrained_parts: bool = True
+) -> PreTrainedPolicy:
     """Build the policy ``cfg`` describes.
 
     Empty ``cfg.input_features`` / ``cfg.output_features`` are filled (in place) from
     ``dataset_features``, a dataset's ``info["features"]``. With ``cfg.pretrained_path`` set
     the weights are loaded from that folder (the policy then comes back in eval mode, like
     LeRobot's; a LoRA checkpoint, ``use_peft``, comes back with its adapter merged); otherwise
-    they are freshly initialized.
+    they are freshly initialized, with the pretrained sub-networks the config names (an ImageNet
+    backbone) loaded unless ``pretrained_parts`` is False (a resumed run, whose checkpoint holds
+    every weight).
     """
     fill_features(cfg, dataset_features)
     policy_cls = get_policy_class(cfg.type)
@@ -71,4 +75,4 @@ def make_policy(cfg: PreTrainedConfig, dataset_features: dict | None = None) -> 
         from lerobot_pipe.policies.peft import load_pretrained_policy
 
         return load_pretrained_policy(cfg.pretrained_path, config=cfg)
-    return policy_cls(cfg)
+    return policy_cls(cfg, pretrained_parts=pretrained_parts)

@@ -251,7 +251,11 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
     # Module names LoRA adapts when --peft.target_modules is not given.
     _peft_target_modules: ClassVar[list[str]] = []
 
-    def __init__(self, config: PreTrainedConfig) -> None:
+    def __init__(self, config: PreTrainedConfig, *, pretrained_parts: bool = True) -> None:
+        """``pretrained_parts``: load the pretrained sub-networks the config names (e.g. an
+        ImageNet backbone, as LeRobot's constructors do). False leaves them randomly initialized:
+        for a policy whose full weights are loaded right after, or one built on the meta device.
+        """
         super().__init__()
         if not isinstance(config, self.config_class):
             raise TypeError(
@@ -300,7 +304,7 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
             raise FileNotFoundError(f"no {MODEL_SAFETENSORS} in {path}")
         if config is None:
             config = cls.config_class.from_pretrained(path)
-        policy = cls(config)
+        policy = cls(config, pretrained_parts=False)  # every weight comes from the file
         state_dict = load_file(str(model_file), device="cpu")
         try:
             result = policy.load_state_dict(state_dict, strict=False)

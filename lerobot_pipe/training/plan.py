@@ -37,6 +37,11 @@ from lerobot_pipe.distributed.runtime import launched_rank
 from lerobot_pipe.policies import factory  # noqa: F401 - registers the policy types
 from lerobot_pipe.policies.hub import local_policy_folder
 from lerobot_pipe.policies.pretrained import ACTION, OBS_PREFIX, PreTrainedConfig
+from lerobot_pipe.policies.vision.imagenet_weights import (
+    BackboneWeightsError,
+    ensure_backbone_weights,
+    offline_requested,
+)
 from lerobot_pipe.training.checkpoint import (
     CheckpointError,
     checkpoints_dir,
@@ -459,6 +464,7 @@ def make_plan(
         use_imagenet_stats=cfg.dataset.use_imagenet_stats,
     )
     check_policy_plan(cfg, dims, dataset)
+    check_backbone_weights(cfg, env)
     if len(dataset) < cfg.batch_size * dims.dp_world_size:
         log.warning(
             "the dataset has %d frames, fewer than one global batch (%d); samples repeat within a step",
@@ -520,7 +526,7 @@ def check_policy_plan(cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotData
         ) from None
     policy_cls = get_policy_class(cfg.policy.type)
     with torch.device("meta"):
-        model = policy_cls(cfg.policy)
+        model = policy_cls(cfg.policy, pretrained_parts=False)
         if cfg.peft is not None:
             try:
                 model = apply_peft(model, cfg.peft, cfg.policy.pretrained_path)
@@ -531,3 +537,24 @@ def check_policy_plan(cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotData
         check_shared_parameters(model, units)
         ignored_parameters(model, cfg.accelerator.fsdp.ignored_modules)
         mixed_precision_policy(cfg.accelerator)
+
+
+def check_backbone_weights(cfg: TrainConfig, env: Mapping[str, str]) -> None:
+    """A new run of a camera policy starts its backbone from ``pretrained_backbone_weights``:
+    make sure torchvision's file is in the torch.hub cache, downloading it on local rank 0 (the
+    other ranks build their model after the process-group rendezvous, when it is there), and
+    fail here when it cannot be had. A resumed or fine-tuned run reads every weight from its
+    checkpoint and needs no file."""
+    policy = cfg.policy
+    weights = getattr(policy, "pretrained_backbone_weights", None)
+    if not weights or not policy.image_features or cfg.resume or policy.pretrained_path:
+        return
+    try:
+        ensure_backbone_weights(
+            policy.vision_backbone,
+            weights,
+            offline=offline_requested(env),
+            download=int(env.get("LOCAL_RANK", "0")) == 0,
+        )
+    except BackboneWeightsError as e:
+        raise ConfigError(f"--policy.pretrained_backbone_weights={weights}: {e}") from None

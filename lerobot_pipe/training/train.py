@@ -322,7 +322,10 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         torch.backends.cudnn.benchmark = False
     # The model is initialized identically on every rank; randomness after that is per rank.
     seed_everything(cfg.seed)
-    policy = make_policy(cfg.policy, plan.dataset.features)
+    # A resumed run's checkpoint holds every weight: no pretrained backbone to read first.
+    policy = make_policy(
+        cfg.policy, plan.dataset.features, pretrained_parts=plan.resume_from is None
+    )
     policy.train()
     pre, post = make_processors(plan, env.device.type)
     trainee: nn.Module = policy

@@ -204,8 +204,14 @@ def test_module_classes_and_fsdp_wrap_units() -> None:
     assert isinstance(policy.model.decoder, ACTDecoder)
     present = {type(m).__name__ for m in policy.modules()}
     assert {"ACTEncoderLayer", "ACTDecoderLayer"} <= present
-    assert set(ACTPolicy._fsdp_wrap_modules) <= present
-    assert ACTPolicy._fsdp_wrap_modules == [ACTEncoderLayer.__name__, ACTDecoderLayer.__name__]
+    # The backbone's residual blocks are units too; without cameras there is no backbone.
+    assert set(ACTPolicy._fsdp_wrap_modules) - present == {"BasicBlock", "Bottleneck"}
+    assert ACTPolicy._fsdp_wrap_modules == [
+        ACTEncoderLayer.__name__,
+        ACTDecoderLayer.__name__,
+        "BasicBlock",
+        "Bottleneck",
+    ]
     n_layers = sum(isinstance(m, ACTEncoderLayer | ACTDecoderLayer) for m in policy.modules())
     cfg = policy.config
     assert n_layers == cfg.n_encoder_layers + cfg.n_vae_encoder_layers + cfg.n_decoder_layers

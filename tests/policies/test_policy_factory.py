@@ -50,9 +50,6 @@ def test_make_policy_fills_features_from_dataset() -> None:
 def test_make_policy_errors() -> None:
     with pytest.raises(ValueError, match="dataset_features"):
         make_policy(make_policy_config("act", **ACT_TINY_PRESET))
-    image = {"observation.images.top": {"dtype": "image", "shape": [3, 8, 8], "names": None}}
-    with pytest.raises(ValueError, match="image inputs are not supported"):
-        make_policy(make_policy_config("act", **ACT_TINY_PRESET), {**INFO_FEATURES, **image})
     no_env = {k: v for k, v in INFO_FEATURES.items() if k != "observation.environment_state"}
     with pytest.raises(ValueError, match="observation.environment_state"):
         make_policy(make_policy_config("act", **ACT_TINY_PRESET), no_env)
@@ -65,3 +62,15 @@ def test_make_policy_loads_pretrained_weights(tmp_path: Path) -> None:
     loaded = make_policy(cfg, INFO_FEATURES)
     for (name, a), b in zip(source.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_make_policy_with_a_camera() -> None:
+    image = {"observation.images.top": {"dtype": "image", "shape": [3, 8, 8], "names": None}}
+    cfg = make_policy_config("act", pretrained_backbone_weights=None, **ACT_TINY_PRESET)
+    policy = make_policy(cfg, {**INFO_FEATURES, **image})
+    assert list(policy.config.image_features) == ["observation.images.top"]
+    assert policy.model.backbone is not None
+    # A camera is enough without the environment state (LeRobot's rule).
+    no_env = {k: v for k, v in INFO_FEATURES.items() if k != "observation.environment_state"}
+    cfg = make_policy_config("act", pretrained_backbone_weights=None, **ACT_TINY_PRESET)
+    assert make_policy(cfg, {**no_env, **image}).model.encoder_env_state_input_proj is None

@@ -104,13 +104,16 @@ def test_feature_validation() -> None:
         cfg.validate_features()
 
 
-def test_image_features_are_refused() -> None:
+def test_image_features_are_validated() -> None:
     image = {"observation.images.top": {"type": "VISUAL", "shape": [3, 96, 96]}}
-    with pytest.raises(ValueError, match="image inputs are not supported"):
-        ACTConfig.tiny(input_features={**INPUTS, **image}, output_features=OUTPUTS)
-    cfg = make_config()
-    cfg.input_features = {**INPUTS, **image}
-    with pytest.raises(ValueError, match="image inputs are not supported"):
+    cfg = ACTConfig.tiny(input_features={**INPUTS, **image}, output_features=OUTPUTS)
+    cfg.validate_features()
+    assert list(cfg.image_features) == ["observation.images.top"]
+    cfg.input_features = {
+        **INPUTS,
+        "observation.images.top": {"type": "VISUAL", "shape": [1, 9, 9]},
+    }
+    with pytest.raises(ValueError, match=r"RGB frames: 'observation.images.top'.*\[3, height"):
         cfg.validate_features()
 
 

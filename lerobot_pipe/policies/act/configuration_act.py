@@ -9,9 +9,12 @@ from lerobot_pipe.configs.optim import AdamWConfig
 from lerobot_pipe.policies.pretrained import (
     ACTION,
     OBS_ENV_STATE,
+    OBS_IMAGES_PREFIX,
     OBS_STATE,
     PreTrainedConfig,
 )
+from lerobot_pipe.policies.vision.imagenet_weights import resolve_weights
+from lerobot_pipe.policies.vision.resnet import RESNET_VARIANTS, BasicBlock
 
 # A model small enough for CPU tests; every other field keeps its default.
 ACT_TINY_PRESET: dict = dict(
@@ -34,8 +37,11 @@ FEEDFORWARD_ACTIVATIONS = ("relu", "gelu")
 class ACTConfig(PreTrainedConfig):
     """ACT's hyper-parameters.
 
-    Image inputs are not supported yet: ``vision_backbone`` is only recorded, and image
-    features are refused. The policy needs ``observation.environment_state`` among its inputs.
+    The policy needs at least one camera (``observation.images.<name>``, (3, H, W)) or
+    ``observation.environment_state`` among its inputs (LeRobot's rule). Cameras go through
+    ``vision_backbone`` (a ResNet, ``lerobot_pipe.policies.vision``) started from
+    ``pretrained_backbone_weights`` (torchvision's ImageNet weights; None = random) and trained
+    at ``optimizer_lr_backbone``.
     """
 
     chunk_size: int = 100
@@ -132,29 +138,43 @@ class ACTConfig(PreTrainedConfig):
             raise ValueError(
                 f"optimizer_weight_decay must be >= 0, got {self.optimizer_weight_decay}"
             )
-        self._refuse_images()
-
-    def _refuse_images(self) -> None:
-        images = [k for k, ft in self.input_features.items() if ft.get("type") == "VISUAL"]
-        if images:
-            raise ValueError(
-                f"ACT image inputs are not supported yet (input_features has {images}); set "
-                "--policy.input_features explicitly to the state features, including "
-                f"{OBS_ENV_STATE!r}"
-            )
 
     def validate_features(self) -> None:
         super().validate_features()
-        self._refuse_images()
-        if OBS_ENV_STATE not in self.input_features:
+        if not self.image_features and OBS_ENV_STATE not in self.input_features:
             raise ValueError(
-                f"ACT needs {OBS_ENV_STATE!r} (or an image, not supported yet) among its "
-                f"input_features, got {sorted(self.input_features)}"
+                f"ACT needs at least one camera ({OBS_IMAGES_PREFIX}<name>) or {OBS_ENV_STATE!r} "
+                f"among its input_features, got {sorted(self.input_features)}"
             )
         for key in (OBS_STATE, OBS_ENV_STATE, ACTION):
             ft = self.input_features.get(key) or self.output_features.get(key)
             if ft is not None and len(ft["shape"]) != 1:
                 raise ValueError(f"ACT needs a 1-D {key!r} feature, got shape {ft['shape']}")
+        for key, ft in self.image_features.items():
+            if len(ft["shape"]) != 3 or ft["shape"][0] != 3:
+                raise ValueError(
+                    f"ACT's ResNet backbone takes RGB frames: {key!r} must have shape "
+                    f"[3, height, width], got {ft['shape']}"
+                )
+        if self.image_features:
+            self._check_backbone()
+
+    def _check_backbone(self) -> None:
+        """The backbone fields, checked only when there are cameras (as LeRobot builds the
+        backbone only then)."""
+        if self.vision_backbone not in RESNET_VARIANTS:
+            raise ValueError(
+                f"vision_backbone={self.vision_backbone!r}: choose one of "
+                f"{', '.join(RESNET_VARIANTS)}"
+            )
+        block = RESNET_VARIANTS[self.vision_backbone][0]
+        if self.replace_final_stride_with_dilation and block is BasicBlock:
+            raise ValueError(
+                f"replace_final_stride_with_dilation needs resnet50/101/152: "
+                f"{self.vision_backbone}'s BasicBlocks have no dilated variant"
+            )
+        if self.pretrained_backbone_weights is not None:
+            resolve_weights(self.vision_backbone, self.pretrained_backbone_weights)
 
     @property
     def robot_state_feature(self) -> dict | None:

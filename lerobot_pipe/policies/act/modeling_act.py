@@ -2,10 +2,15 @@
 with Low-Cost Hardware", 2023), with LeRobot's module and parameter names.
 
 A conditional VAE: during training, a transformer encoder reads [cls, robot state, action
-chunk] and yields the latent's mean and log-variance; the sampled latent, the robot state
-and the environment state are tokens of the main transformer encoder, whose output the
-decoder's ``chunk_size`` learned queries cross-attend to predict the action chunk. At
-inference (or with ``use_vae=False``) the latent is zero.
+chunk] and yields the latent's mean and log-variance; the sampled latent, the robot state,
+the environment state and one token per pixel of each camera's layer4 feature map (a ResNet
+with frozen batch norm, projected to ``dim_model`` by a 1x1 convolution, with 2-D sinusoidal
+position embeddings) are tokens of the main transformer encoder, whose output the decoder's
+``chunk_size`` learned queries cross-attend to predict the action chunk. At inference (or
+with ``use_vae=False``) the latent is zero.
+
+Cameras whose frames have the same shape go through the backbone as one batch (one call, one
+FSDP2 all-gather per backbone block); the tokens are the same as camera by camera.
 
 Tensors inside the transformer are sequence-first: (sequence, batch, dim_model). All
 randomness (dropout, latent sampling) draws from torch's global RNG.
@@ -27,6 +32,12 @@ from lerobot_pipe.policies.pretrained import (
     OBS_ENV_STATE,
     OBS_STATE,
     PreTrainedPolicy,
+)
+from lerobot_pipe.policies.vision import (
+    BasicBlock,
+    Bottleneck,
+    load_imagenet_weights,
+    resnet_backbone,
 )
 
 ACTION_IS_PAD = "action_is_pad"
@@ -236,13 +247,18 @@ def _require(batch: dict[str, Tensor], key: str) -> Tensor:
 
 
 class ACT(nn.Module):
-    """The ACT network: VAE encoder (optional), transformer encoder and decoder, action head."""
+    """The ACT network: VAE encoder (optional), camera backbone (with cameras), transformer
+    encoder and decoder, action head.
 
-    def __init__(self, config: ACTConfig) -> None:
+    ``pretrained_backbone`` loads ``config.pretrained_backbone_weights`` into the backbone
+    (False: leave it randomly initialized, for weights loaded right after, or a meta device)."""
+
+    def __init__(self, config: ACTConfig, pretrained_backbone: bool = True) -> None:
         super().__init__()
         self.config = config
         state_ft = config.robot_state_feature
         env_ft = config.env_state_feature
+        self.camera_keys = list(config.image_features)
         action_dim = config.action_feature["shape"][0]
         d = config.dim_model
 
@@ -263,6 +279,15 @@ class ACT(nn.Module):
 
         # Modules are registered in LeRobot's order: parameter order is what the integer keys
         # of optimizer_state.safetensors refer to.
+        self.backbone = None
+        if self.camera_keys:
+            self.backbone = resnet_backbone(
+                config.vision_backbone, config.replace_final_stride_with_dilation
+            )
+            if pretrained_backbone and config.pretrained_backbone_weights:
+                load_imagenet_weights(
+                    self.backbone, config.vision_backbone, config.pretrained_backbone_weights
+                )
         self.encoder = ACTEncoder(config)
         self.decoder = ACTDecoder(config)
         self.encoder_robot_state_input_proj: nn.Linear | None = None
@@ -272,8 +297,14 @@ class ACT(nn.Module):
         if env_ft is not None:
             self.encoder_env_state_input_proj = nn.Linear(env_ft["shape"][0], d)
         self.encoder_latent_input_proj = nn.Linear(config.latent_dim, d)
+        if self.backbone is not None:
+            self.encoder_img_feat_input_proj = nn.Conv2d(
+                self.backbone.out_channels, d, kernel_size=1
+            )
         n_1d_tokens = 1 + (state_ft is not None) + (env_ft is not None)
         self.encoder_1d_feature_pos_embed = nn.Embedding(n_1d_tokens, d)
+        if self.backbone is not None:
+            self.encoder_cam_feat_pos_embed = ACTSinusoidalPositionEmbedding2d(d // 2)
         self.decoder_pos_embed = nn.Embedding(config.chunk_size, d)
         self.action_head = nn.Linear(d, action_dim)
 
@@ -290,7 +321,7 @@ class ACT(nn.Module):
         encoder ran (``use_vae`` and training mode), else ``(None, None)``.
         """
         config = self.config
-        reference = _require(batch, OBS_ENV_STATE)
+        reference = _require(batch, self.camera_keys[0] if self.camera_keys else OBS_ENV_STATE)
         batch_size = reference.shape[0]
 
         if self.vae_encoder is not None and self.training:
@@ -304,10 +335,12 @@ class ACT(nn.Module):
             tokens.append(self.encoder_robot_state_input_proj(_require(batch, OBS_STATE)))
         if self.encoder_env_state_input_proj is not None:
             tokens.append(self.encoder_env_state_input_proj(batch[OBS_ENV_STATE]))
-        encoder_in = torch.stack(tokens, dim=0)  # (n_tokens, B, D)
-        encoder_pos_embed = self.encoder_1d_feature_pos_embed.weight.unsqueeze(
-            1
-        )  # (n_tokens, 1, D)
+        encoder_in = torch.stack(tokens, dim=0)  # (n_1d_tokens, B, D)
+        encoder_pos_embed = self.encoder_1d_feature_pos_embed.weight.unsqueeze(1)  # (n, 1, D)
+        if self.backbone is not None:
+            camera_tokens, camera_pos = self._camera_tokens(batch)
+            encoder_in = torch.cat([encoder_in, *camera_tokens], dim=0)
+            encoder_pos_embed = torch.cat([encoder_pos_embed, *camera_pos], dim=0)
         encoder_out = self.encoder(encoder_in, pos_embed=encoder_pos_embed)
 
         decoder_in = encoder_out.new_zeros(config.chunk_size, batch_size, config.dim_model)
@@ -321,6 +354,25 @@ class ACT(nn.Module):
         if mu is None:
             return actions, (None, None)
         return actions, (mu, log_sigma_x2)
+
+    def _camera_tokens(self, batch: dict[str, Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        """Per camera (in ``image_features`` order): its feature-map tokens (h*w, B, D) and their
+        position embeddings (h*w, 1, D), pixels in row-major order."""
+        by_shape: dict[tuple[int, ...], list[str]] = {}
+        for key in self.camera_keys:
+            by_shape.setdefault(tuple(_require(batch, key).shape), []).append(key)
+        tokens: dict[str, Tensor] = {}
+        positions: dict[str, Tensor] = {}
+        for keys in by_shape.values():
+            frames = batch[keys[0]] if len(keys) == 1 else torch.cat([batch[k] for k in keys])
+            feature_map = self.backbone(frames)  # (n_cameras * B, C, h, w)
+            pos = self.encoder_cam_feat_pos_embed(feature_map).to(feature_map.dtype)
+            pos = pos.flatten(2).permute(2, 0, 1)  # (h*w, 1, D)
+            projected = self.encoder_img_feat_input_proj(feature_map)
+            for key, part in zip(keys, projected.chunk(len(keys)), strict=True):
+                tokens[key] = part.flatten(2).permute(2, 0, 1)  # (h*w, B, D)
+                positions[key] = pos
+        return [tokens[k] for k in self.camera_keys], [positions[k] for k in self.camera_keys]
 
     def _encode_latent(
         self, batch: dict[str, Tensor], batch_size: int
@@ -392,21 +444,28 @@ class ACTTemporalEnsembler:
 class ACTPolicy(PreTrainedPolicy):
     """ACT as a policy: training loss, chunk prediction and step-wise action selection.
 
-    Batches are already normalized: ``observation.environment_state`` (B, env_dim),
-    optionally ``observation.state`` (B, state_dim), and for training ``action``
+    Batches are already normalized: ``observation.images.<camera>`` (B, 3, H, W) for each
+    camera and/or ``observation.environment_state`` (B, env_dim), optionally
+    ``observation.state`` (B, state_dim), and for training ``action``
     (B, chunk_size, action_dim) with ``action_is_pad`` (B, chunk_size).
     """
 
     config_class = ACTConfig
     name = "act"
-    _fsdp_wrap_modules = ["ACTEncoderLayer", "ACTDecoderLayer"]
+    # Transformer layers, and each residual block of the camera backbone (docs/vision.md).
+    _fsdp_wrap_modules = [
+        "ACTEncoderLayer",
+        "ACTDecoderLayer",
+        BasicBlock.__name__,
+        Bottleneck.__name__,
+    ]
     # The feed-forward projections: nn.MultiheadAttention's out_proj bypasses its forward.
     _peft_target_modules = ["linear1", "linear2"]
 
-    def __init__(self, config: ACTConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ACTConfig, *, pretrained_parts: bool = True) -> None:
+        super().__init__(config, pretrained_parts=pretrained_parts)
         self.config: ACTConfig
-        self.model = ACT(config)
+        self.model = ACT(config, pretrained_backbone=pretrained_parts)
         self.temporal_ensembler: ACTTemporalEnsembler | None = None
         if config.temporal_ensemble_coeff is not None:
             self.temporal_ensembler = ACTTemporalEnsembler(
