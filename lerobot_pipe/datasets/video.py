@@ -10,6 +10,7 @@ expensive to reopen, hence ``ReaderCache``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -84,7 +85,7 @@ def encode_episode(
     # SVT-AV1 prints its whole configuration at info level unless told otherwise.
     os.environ.setdefault("SVT_LOG", "1")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as container:
+    with _own_scheduling(), av.open(str(path), "w") as container:
         stream = container.add_stream(encoding.vcodec, rate=fps, options=encoding.codec_options())
         stream.pix_fmt = encoding.pix_fmt
         stream.height, stream.width = frames.shape[1:3]
@@ -92,6 +93,24 @@ def encode_episode(
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
+
+
+@contextlib.contextmanager
+def _own_scheduling() -> Iterator[None]:
+    """Keep the calling thread's CPU scheduling policy across an encode.
+
+    SVT-AV1, run as root, switches the thread that opens the encoder to SCHED_FIFO priority 99.
+    Every process that thread then starts (torchrun, trainers, test subprocesses) inherits it,
+    and a busy real-time process starves everything else of its CPU: restore the policy."""
+    if not hasattr(os, "sched_getscheduler"):
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        yield
+    finally:
+        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
+            os.sched_setscheduler(0, policy, param)
 
 
 class VideoWriter:

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -204,3 +205,15 @@ def test_camera_stats_of_another_shape_are_refused(camera_copy: Path) -> None:
         DatasetError, match=r"camera observation\.images\.top\.mean has shape \[2\]"
     ):
         LeRobotDataset(camera_copy)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux scheduling API")
+def test_encoding_keeps_the_callers_scheduling_policy(tmp_path: Path) -> None:
+    """SVT-AV1 run as root makes the encoding thread SCHED_FIFO 99, which every process it then
+    starts would inherit (a busy real-time trainer starves the machine)."""
+    from lerobot_pipe.datasets.video import encode_episode
+
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    frames = np.zeros((3, 32, 32, 3), dtype=np.uint8)
+    encode_episode(frames, tmp_path / "episode.mp4", fps=10)
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before

@@ -10,6 +10,8 @@ rule dataset:
         "../../envs/lerobot_pipe.yaml"
     params:
         synthetic=config["dataset"]["synthetic"],
+        cameras=",".join(config["dataset"]["synthetic"]["cameras"]),
+        pixels_only=str(config["dataset"]["synthetic"]["pixels_only"]).lower(),
     shell:
         # Written beside the output and renamed: an interrupted job leaves no output.
         """
@@ -17,6 +19,8 @@ rule dataset:
         lerobot-pipe make-dataset --root={output}.tmp \
             --num_episodes={params.synthetic[num_episodes]} \
             --episode_length={params.synthetic[episode_length]} \
-            --seed={params.synthetic[seed]} >{log} 2>&1
+            --seed={params.synthetic[seed]} --cameras={params.cameras} \
+            --image_size={params.synthetic[image_size]} \
+            --pixels_only={params.pixels_only} >{log} 2>&1
         mv {output}.tmp {output}
         """
