@@ -22,3 +22,38 @@ def test_tiny_act_learns_synthetic_task(dataset_root, tmp_path):
     )
     curve = losses(tmp_path)
     assert curve[150] < 0.25 * curve[10], curve
+
+
+def test_tiny_act_learns_the_task_from_pixels_alone(tmp_path):
+    """No observation.environment_state: the goal is only visible in the camera (AV1 video);
+    the ResNet backbone starts from random weights."""
+    from lerobot_pipe.datasets import write_synthetic_dataset
+
+    root = write_synthetic_dataset(
+        tmp_path / "ds",
+        num_episodes=20,
+        episode_length=50,
+        cameras=("top",),
+        image_size=32,
+        pixels_only=True,
+    )
+    run_train(
+        [
+            *tiny_act_flags(
+                **{
+                    "dataset.root": root,
+                    "batch_size": 16,
+                    "steps": 100,
+                    "save_freq": 0,
+                    "log_freq": 10,
+                    "policy.pretrained_backbone_weights": "null",
+                    "policy.optimizer_lr_backbone": 1e-3,
+                    "policy.use_vae": "false",
+                    "policy.dropout": 0.0,
+                }
+            ),
+            f"--output_dir={tmp_path / 'out'}",
+        ]
+    )
+    curve = losses(tmp_path / "out")
+    assert curve[100] < 0.3 * curve[10], curve
