@@ -108,6 +108,10 @@ def convert_value(raw: Any, tp: Any, flag: str) -> Any:
         if inner is bool:
             if isinstance(raw, bool):
                 return raw
+            # LeRobot declares some flags as int (ACT's replace_final_stride_with_dilation) and
+            # writes them back as 0 / 1 once draccus decoded a file.
+            if isinstance(raw, int) and raw in (0, 1):
+                return bool(raw)
             if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
                 return raw.strip().lower() in _TRUE
             raise ValueError

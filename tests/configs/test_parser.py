@@ -108,6 +108,18 @@ def test_unknown_keys_of_a_file_are_kept(tmp_path):
         parse_train_config([f"--config_path={path}", "--some_future_field=1"])
 
 
+def test_lerobot_int_flags_read_as_bools():
+    """LeRobot declares ACT's replace_final_stride_with_dilation an int and writes 0 / 1 once
+    draccus decoded it; other integers stay an error."""
+    cfg, _ = parse_train_config(["--policy.type=act"])
+    data = to_dict(cfg)
+    data["policy"]["replace_final_stride_with_dilation"] = 0
+    assert from_dict(TrainConfig, data).policy.replace_final_stride_with_dilation is False
+    data["policy"]["replace_final_stride_with_dilation"] = 2
+    with pytest.raises(ConfigError, match="expected true or false"):
+        from_dict(TrainConfig, data)
+
+
 def test_extension_fields_are_written_only_when_set():
     cfg, _ = parse_train_config(["--policy.type=act", "--peft.r=4"])
     data = to_dict(cfg)
