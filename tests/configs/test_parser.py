@@ -120,6 +120,18 @@ def test_lerobot_int_flags_read_as_bools():
         from_dict(TrainConfig, data)
 
 
+def test_optimizer_flags_are_replaced_by_the_preset_with_a_warning(caplog):
+    """LeRobot's rule (use_policy_training_preset=true): --optimizer.* gives way to the policy's
+    preset; LeRobot does it silently, we say so."""
+    from lerobot_pipe.training.plan import validate_config
+
+    argv = ["--policy.type=act", "--policy.optimizer_lr=0.002", "--dataset.root=x"]
+    cfg, _ = parse_train_config([*argv, "--optimizer.type=adamw", "--optimizer.lr=0.5"])
+    validate_config(cfg)
+    assert cfg.optimizer.lr == 0.002 and cfg.scheduler is None
+    assert "replaced by the policy's presets" in caplog.text
+
+
 def test_extension_fields_are_written_only_when_set():
     cfg, _ = parse_train_config(["--policy.type=act", "--peft.r=4"])
     data = to_dict(cfg)
