@@ -6,7 +6,26 @@ PY := $(VENV)/bin/python
 CORES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: run unlock test lint venv clean
+# Released LeRobot for the interop suite (tests/interop), in its own venv: 0.6.1 needs Python 3.12
+# and its own torch (the CUDA wheel, ~5 GB, runs on the CPU). LeRobot 0.4.4 runs on that same
+# Python from an overlay folder of the packages whose 0.6.1 versions it cannot use. `make test`
+# builds both when a Python 3.12 exists; without one the interop tests skip, saying what to install.
+# LEROBOT_UPSTREAM_PYTHON=<python of an existing LeRobot 0.6.1 venv> skips the build.
+LEROBOT_VENV ?= .venv-lerobot
+PY312 ?= $(firstword $(wildcard $(shell pyenv prefix 3.12.1 2>/dev/null)/bin/python3.12) \
+	$(shell command -v python3.12 2>/dev/null))
+LEROBOT_061 := "lerobot[training,diffusion,peft]==0.6.1" torch==2.11.0 torchvision==0.26.0
+LEROBOT_044_OVERLAY := lerobot==0.4.4 draccus==0.10.0 pyyaml-include==1.4.1 pyserial==3.5 \
+	deepdiff==8.6.1 orderly-set==5.5.0 imageio==2.37.0 transformers==4.57.1 huggingface_hub==0.35.3
+ifneq ($(LEROBOT_UPSTREAM_PYTHON),)
+UPSTREAM := 
+else ifneq ($(PY312),)
+UPSTREAM := $(LEROBOT_VENV)/.installed
+export LEROBOT_UPSTREAM_PYTHON := $(CURDIR)/$(LEROBOT_VENV)/bin/python
+export LEROBOT_UPSTREAM_044_OVERLAY := $(CURDIR)/$(LEROBOT_VENV)/overlay-0.4.4
+endif
+
+.PHONY: run unlock test lint venv lerobot-venv clean
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -15,6 +34,17 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	touch $@
 
 venv: $(VENV)/.installed
+
+$(LEROBOT_VENV)/.installed:
+	@test -n "$(PY312)" || { echo "lerobot-venv: no Python 3.12 (pyenv install 3.12.1)"; exit 1; }
+	test -x $(LEROBOT_VENV)/bin/python || $(PY312) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LEROBOT_VENV)/bin/python -m pip install --quiet --no-compile $(LEROBOT_061)
+	$(LEROBOT_VENV)/bin/python -m pip install --quiet --no-compile --no-deps --upgrade \
+		--target $(LEROBOT_VENV)/overlay-0.4.4 $(LEROBOT_044_OVERLAY)
+	touch $@
+
+lerobot-venv: $(LEROBOT_VENV)/.installed
 
 # A lock Snakemake left in .snakemake/locks after it was killed hard stops the next run: say what
 # to do (a failed run removes its own lock, so one still there belongs to another snakemake).
@@ -30,7 +60,7 @@ unlock: $(VENV)/.installed
 	|| $(VENV)/bin/lerobot-pipe check-run-lock --output_dir="$$dir" || exit 1; done
 	$(VENV)/bin/snakemake --unlock
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(UPSTREAM)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" OMP_NUM_THREADS=1 $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed

@@ -37,13 +37,16 @@ def apply_peft(policy: PreTrainedPolicy, peft_cfg: PeftConfig, base_path: str | 
             f"--peft.target_modules: {', '.join(missing)} match no module name of the "
             f"{policy.name} policy; e.g. {', '.join(sorted(present - {''})[:12])}"
         )
+    # As LeRobot builds it: unset fields keep peft's defaults (lora_alpha 8), init_type is
+    # LoraConfig's init_lora_weights.
+    optional = {"lora_alpha": peft_cfg.lora_alpha, "init_lora_weights": peft_cfg.init_type}
     config = LoraConfig(
         r=peft_cfg.r,
-        lora_alpha=peft_cfg.lora_alpha if peft_cfg.lora_alpha is not None else peft_cfg.r,
         lora_dropout=peft_cfg.lora_dropout,
         target_modules=targets,
         modules_to_save=peft_cfg.full_training_modules,
         base_model_name_or_path=base_path,
+        **{k: v for k, v in optional.items() if v is not None},
     )
     # get_peft_model records the base path from the model's name_or_path (transformers' attribute).
     policy.name_or_path = base_path

@@ -754,7 +754,9 @@ def _restore_rank_rng(path: Path, rank: int, world_size: int, info: dict) -> boo
     else:
         restore_rng_state(mine)
     exact = saved_world == world_size
-    if not exact and rank == 0:
+    # LeRobot before 0.5 records no world size: one process restores its main rank's state.
+    unrecorded_single = saved_world is None and world_size == 1
+    if not exact and not unrecorded_single and rank == 0:
         log.warning(
             "checkpoint was written by %s rank(s), this run has %s: each rank's RNG is seeded from "
             "a saved rank's state, so random layers (dropout, VAE sampling) will not replay exactly",

@@ -244,6 +244,8 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"--job_name={cfg.job_name!r}: must be a plain name (no '/', not starting with '.')"
         )
+    if not cfg.job_name:  # LeRobot's rule (train_config.json then records the name)
+        cfg.job_name = cfg.policy.type
     if cfg.trackio.enable:
         try:
             import trackio  # noqa: F401

@@ -118,12 +118,19 @@ def _training_step_record(plan: TrainingPlan, step: int, samples: int) -> dict:
 def _explain_resume(plan: TrainingPlan, env: DistEnv) -> int:
     """Log what changed since the checkpoint; return the global sample position to continue at."""
     info = plan.resume_info
-    # LeRobot's training_step.json has num_processes (its world size = dp world size).
-    saved_dp = info.get("dp_world_size", info.get("num_processes", 1))
-    samples = int(info.get("samples_consumed", info["step"] * info["batch_size"] * saved_dp))
+    # LeRobot's training_step.json has num_processes (its world size = dp world size); before
+    # 0.5 only the step, then it assumes this run's world size and batch size, as LeRobot does.
+    saved_dp = info.get("dp_world_size", info.get("num_processes", plan.dims.dp_world_size))
+    saved_batch = info.get("batch_size", plan.cfg.batch_size)
+    samples = int(info.get("samples_consumed", info["step"] * saved_batch * saved_dp))
     if not env.is_main:
         return samples
-    old_topology = info.get("parallelism", {})
+    # LeRobot's training_step.json has no topology: its num_processes ran plain DDP.
+    old_topology = info.get("parallelism") or {
+        "dp_replicate": saved_dp,
+        "dp_shard": 1,
+        "world_size": saved_dp,
+    }
     now = plan.dims.to_dict()
     changes = [
         f"{k}: {old_topology.get(k)} -> {now[k]}"
@@ -135,7 +142,7 @@ def _explain_resume(plan: TrainingPlan, env: DistEnv) -> int:
             "Topology changed since the checkpoint (%s); state is resharded on load",
             ", ".join(changes),
         )
-    old_global = info.get("global_batch_size", info["batch_size"] * saved_dp)
+    old_global = info.get("global_batch_size", saved_batch * saved_dp)
     new_global = plan.cfg.batch_size * plan.dims.dp_world_size
     if old_global != new_global:
         log.warning(

@@ -85,6 +85,30 @@ def test_unknown_keys_of_a_file_are_kept(tmp_path):
         parse_train_config([f"--config_path={path}", "--some_future_field=1"])
 
 
+def test_lerobot_int_flags_read_as_bools():
+    """LeRobot declares ACT's replace_final_stride_with_dilation an int and writes 0 / 1 once
+    draccus decoded it; other integers stay an error."""
+    cfg, _ = parse_train_config(["--policy.type=act"])
+    data = to_dict(cfg)
+    data["policy"]["replace_final_stride_with_dilation"] = 0
+    assert from_dict(TrainConfig, data).policy.replace_final_stride_with_dilation is False
+    data["policy"]["replace_final_stride_with_dilation"] = 2
+    with pytest.raises(ConfigError, match="expected true or false"):
+        from_dict(TrainConfig, data)
+
+
+def test_optimizer_flags_are_replaced_by_the_preset_with_a_warning(caplog):
+    """LeRobot's rule (use_policy_training_preset=true): --optimizer.* gives way to the policy's
+    preset; LeRobot does it silently, we say so."""
+    from lerobot_pipe.training.plan import validate_config
+
+    argv = ["--policy.type=act", "--policy.optimizer_lr=0.002", "--dataset.root=x"]
+    cfg, _ = parse_train_config([*argv, "--optimizer.type=adamw", "--optimizer.lr=0.5"])
+    validate_config(cfg)
+    assert cfg.optimizer.lr == 0.002 and cfg.scheduler is None
+    assert "replaced by the policy's presets" in caplog.text
+
+
 def test_extension_fields_are_written_only_when_set():
     cfg, _ = parse_train_config(["--policy.type=act", "--peft.r=4"])
     data = to_dict(cfg)

@@ -91,6 +91,12 @@ CASES = [
         "needs --scheduler.type too",
     ),
     ("wandb", ["--wandb.enable=true"], {}, "--wandb.enable: W&B logging is not built"),
+    (
+        "peft-method",
+        ["--peft.method_type=MISS"],
+        {},
+        "--peft.method_type='MISS': choose one of LORA",
+    ),
     ("sim-env", ['--env={"type": "aloha"}'], {}, "--env: simulation environments are not run"),
     ("rename-without-pretrained", ['--rename_map={"a": "b"}'], {}, "--rename_map renames"),
     ("workers-negative", ["--num_workers=-1"], {}, "--num_workers=-1: must be >= 0"),

@@ -1,0 +1,203 @@
+"""Runs LeRobot's own code on artifacts the interop tests prepared; executed by LeRobot's Python.
+
+    <upstream python> tests/interop/upstream_driver.py batch <jobs.json>
+
+``jobs.json`` is a list of ``{"job": <name>, ...arguments}``; every job runs in this one process
+(importing LeRobot takes seconds, so the tests batch their checks) and writes what LeRobot computed
+to its ``out`` path: tensors as safetensors, everything else as JSON. A job that raises records
+``{"error": "<type>: <message>"}`` in ``<out>.error.json`` and the next job still runs; the tests
+decide whether the error was expected.
+
+Only LeRobot's public API is used, the way its tools call it: ``PreTrainedConfig.from_pretrained``
+and ``make_policy`` (the PEFT path included, when config.json says ``use_peft``),
+``make_pre_post_processors`` with lerobot-eval's overrides, ``TrainPipelineConfig.from_pretrained``
+(draccus), ``make_optimizer_and_scheduler`` and ``load_training_state``. Nothing of lerobot_pipe is
+imported here: this file runs in LeRobot's virtual environment.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def _policy(pretrained: str, dataset_root: str, rename_map: dict | None = None):
+    """The policy in ``pretrained`` as lerobot-eval builds it, and its processors (lerobot-eval's
+    ``--rename_map`` goes to the rename step)."""
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.datasets import LeRobotDatasetMetadata
+    from lerobot.policies.factory import make_policy, make_pre_post_processors
+
+    cfg = PreTrainedConfig.from_pretrained(pretrained)
+    cfg.pretrained_path = Path(pretrained)
+    cfg.device = "cpu"
+    meta = LeRobotDatasetMetadata("interop/dataset", root=dataset_root)
+    policy = make_policy(cfg, ds_meta=meta)
+    # What lerobot-eval (and lerobot-record, lerobot-rollout, the policy server) pass.
+    overrides = {
+        "device_processor": {"device": "cpu"},
+        "rename_observations_processor": {"rename_map": rename_map or {}},
+    }
+    pre, post = make_pre_post_processors(
+        cfg, pretrained_path=pretrained, preprocessor_overrides=overrides
+    )
+    return cfg, policy, pre, post
+
+
+def _named_parameters(policy) -> dict[str, torch.nn.Parameter]:
+    """Parameter names of the policy itself (a PeftModel's wrapper prefix removed)."""
+    from peft import PeftModel
+
+    if isinstance(policy, PeftModel):
+        policy = policy.get_base_model()
+    return dict(policy.named_parameters())
+
+
+def job_actions(spec: dict) -> None:
+    """What lerobot-eval does with one observation: preprocess, act, postprocess. With
+    ``rename_map``, the observation's keys are a robot's own names, renamed by the preprocessor."""
+    cfg, policy, pre, post = _policy(
+        spec["pretrained"], spec["dataset_root"], spec.get("rename_map")
+    )
+    observation = load_file(spec["observation"])
+    policy.eval()
+    policy.reset()
+    with torch.no_grad():
+        batch = pre(dict(observation))
+        chunk = policy.predict_action_chunk(batch)
+        policy.reset()
+        action = policy.select_action(batch)
+        action_out = post(action)
+    tensors = {"chunk": chunk, "action": action, "action_unnormalized": action_out}
+    if hasattr(policy, "disable_adapter"):  # a PeftModel: the base policy's own chunk too
+        with torch.no_grad(), policy.disable_adapter():
+            tensors["chunk_without_adapter"] = policy.predict_action_chunk(batch)
+    tensors.update({f"pre/{k}": v for k, v in batch.items() if isinstance(v, torch.Tensor)})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, spec["out"])
+    meta = {
+        "policy_class": type(policy).__name__,
+        "use_peft": bool(cfg.use_peft),
+        "preprocessor_steps": [type(s).__name__ for s in pre.steps],
+        "postprocessor_steps": [type(s).__name__ for s in post.steps],
+    }
+    Path(spec["out"] + ".json").write_text(json.dumps(meta, indent=2))
+
+
+def job_loss(spec: dict) -> None:
+    """LeRobot's training loss and gradients on a raw training batch, RNG seeded just before."""
+    _, policy, pre, _ = _policy(spec["pretrained"], spec["dataset_root"])
+    batch = pre(dict(load_file(spec["batch"])))
+    policy.train()
+    torch.manual_seed(spec["seed"])
+    loss, parts = policy.forward(batch)
+    loss.backward()
+    tensors = {"loss": loss.detach()}
+    tensors.update({f"part/{k}": torch.tensor(float(v)) for k, v in (parts or {}).items()})
+    tensors.update(
+        {f"grad/{k}": p.grad for k, p in _named_parameters(policy).items() if p.grad is not None}
+    )
+    save_file({k: v.contiguous() for k, v in tensors.items()}, spec["out"])
+
+
+def job_train_config(spec: dict) -> None:
+    """Decode a train_config.json with LeRobot's TrainPipelineConfig (draccus), as --config_path
+    does, and write back what it decoded."""
+    import draccus
+    from lerobot.configs.train import TrainPipelineConfig
+
+    cfg = TrainPipelineConfig.from_pretrained(spec["path"])
+    Path(spec["out"]).write_text(json.dumps(draccus.encode(cfg), indent=2, default=str))
+
+
+def job_training_state(spec: dict) -> None:
+    """What lerobot-train's resume restores from a checkpoint: the policy, the optimizer and
+    scheduler built from its train_config.json, then ``load_training_state``. Writes the optimizer
+    state keyed by parameter name, the param groups' hyper-parameters and the first numbers each
+    random generator draws after the RNG restore."""
+    from lerobot.common.train_utils import load_training_state
+    from lerobot.configs.train import TrainPipelineConfig
+    from lerobot.datasets import LeRobotDatasetMetadata
+    from lerobot.optim.factory import make_optimizer_and_scheduler
+    from lerobot.policies.factory import make_policy
+
+    step_dir = Path(spec["checkpoint"])
+    cfg = TrainPipelineConfig.from_pretrained(spec["train_config"])
+    cfg.policy.pretrained_path = step_dir / "pretrained_model"
+    cfg.policy.device = "cpu"
+    meta = LeRobotDatasetMetadata("interop/dataset", root=spec["dataset_root"])
+    policy = make_policy(cfg.policy, ds_meta=meta)
+    optimizer, scheduler = make_optimizer_and_scheduler(cfg, policy)
+    step, optimizer, scheduler = load_training_state(step_dir, optimizer, scheduler)
+    draws = {
+        "torch": torch.rand(4, dtype=torch.float64),
+        "numpy": torch.from_numpy(np.random.rand(4)),
+        "python": torch.tensor([random.random() for _ in range(4)], dtype=torch.float64),
+    }
+    names = {id(p): n for n, p in _named_parameters(policy).items()}
+    tensors = {f"rng/{k}": v for k, v in draws.items()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"state/{names[id(p)]}/{key}"] = value
+    save_file({k: v.contiguous() for k, v in tensors.items()}, spec["out"])
+    groups = [
+        {k: v for k, v in g.items() if k != "params"} | {"num_params": len(g["params"])}
+        for g in optimizer.param_groups
+    ]
+    info = {"step": step, "param_groups": groups, "optimizer": type(optimizer).__name__}
+    Path(spec["out"] + ".json").write_text(json.dumps(info, indent=2, default=str))
+
+
+def job_defaults(spec: dict) -> None:
+    """LeRobot's ACT config and train config at their defaults, as draccus encodes them."""
+    import draccus
+    from lerobot.configs.default import DatasetConfig
+    from lerobot.configs.train import TrainPipelineConfig
+    from lerobot.policies.act.configuration_act import ACTConfig
+
+    defaults = {
+        "policy": draccus.encode(ACTConfig()),
+        "train": draccus.encode(TrainPipelineConfig(dataset=DatasetConfig(repo_id="any/name"))),
+    }
+    Path(spec["out"]).write_text(json.dumps(defaults, indent=2, default=str))
+
+
+JOBS = {
+    "actions": job_actions,
+    "defaults": job_defaults,
+    "loss": job_loss,
+    "train_config": job_train_config,
+    "training_state": job_training_state,
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "batch":
+        print(__doc__, file=sys.stderr)
+        return 2
+    failed = 0
+    for spec in json.loads(Path(argv[1]).read_text()):
+        error_file = Path(spec["out"] + ".error.json")
+        try:
+            JOBS[spec["job"]](spec)
+        except Exception as e:  # noqa: BLE001 - recorded for the test to judge
+            failed += 1
+            error_file.write_text(
+                json.dumps(
+                    {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+                )
+            )
+    print(f"upstream_driver: {failed} job(s) raised", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
