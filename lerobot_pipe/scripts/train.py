@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     from lerobot_pipe.training.train import train
 
-    train(plan)
+    try:
+        train(plan)
+    except USER_ERRORS as e:  # a checkpoint whose files fail verification, found by the ranks
+        log.error("lerobot-train: error: %s", e)
+        return 2
     return 0
 
 
