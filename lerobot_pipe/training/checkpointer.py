@@ -36,6 +36,7 @@ import logging
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,7 @@ class Checkpointer:
         self._pending: Future | None = None
         self.last_saved: Path | None = None
         self.staged_bytes = 0  # bytes this rank copied for the last async save
+        self.last_duration_s = 0.0  # the last save, from save() until complete on every rank
 
     # ------------------------------------------------------------------ the loop's side
 
@@ -243,27 +245,24 @@ class Checkpointer:
         return snap
 
     def _stage(self, snap: _Snapshot, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Copy what the loop would change under the background writer: the DCP state dicts
-        (views of the live parameters and optimizer state) entirely; of the gathered full
-        dicts only the tensors that alias live storage (a gather on one CPU process returns the
-        parameters themselves; elsewhere it returns fresh CPU copies, already a snapshot)."""
+        """Copy to CPU memory what the background writer must not read live: every tensor on an
+        accelerator, and every CPU tensor whose storage the loop writes into (trainable
+        parameters, buffers, optimizer state: the DCP state dicts are views of them, and so is a
+        gather on one CPU process). Fresh CPU tensors (a gather's output elsewhere) and frozen
+        parameters are a snapshot already and are not copied again."""
         assert self._stager is not None
         live = _live_storages(model, optimizer)
-        staged = 0
-        for attr in ("model_dcp", "optimizer_dcp"):
-            value = getattr(snap, attr)
-            if value is not None:
-                setattr(snap, attr, self._stager.stage(value))
-                staged += _tensor_bytes(value)
-        for attr in ("full_model", "optimizer_flat"):
-            value = getattr(snap, attr)
-            if value is None:
-                continue
-            aliased = {k: v for k, v in value.items() if v.untyped_storage().data_ptr() in live}
-            if aliased:
-                setattr(snap, attr, {**value, **self._stager.stage(aliased)})
-                staged += _tensor_bytes(aliased)
-        self.staged_bytes = staged
+        trees = {
+            attr: getattr(snap, attr)
+            for attr in ("model_dcp", "optimizer_dcp", "full_model", "optimizer_flat")
+            if getattr(snap, attr) is not None
+        }
+        wanted = _tensor_paths(trees, lambda t: not t.is_cpu or _storage(t) in live)
+        staged = self._stager.stage(wanted)  # one call: tensors sharing storage stay shared
+        # New dicts along the way: the state dicts hold the optimizer's own per-parameter dicts.
+        for attr, tree in _with(trees, staged).items():
+            setattr(snap, attr, tree)
+        self.staged_bytes = sum(_tensor_bytes(t) for t in staged.values())
 
     # ------------------------------------------------------------------ persist (background)
 
@@ -298,8 +297,9 @@ class Checkpointer:
                 f"saving checkpoint {snap.final.name} failed ({outcome}); the earlier "
                 f"checkpoints are intact and {snap.tmp.name}/ is removed at the next start"
             )
+        self.last_duration_s = time.perf_counter() - start
         if self.is_main:
-            log.info("Saved checkpoint %s (%.2fs)", snap.final, time.perf_counter() - start)
+            log.info("Saved checkpoint %s (%.2fs)", snap.final, self.last_duration_s)
         return snap.final
 
     def _write(self, snap: _Snapshot, pretrained: PretrainedWriter) -> dict[str, dict]:
@@ -384,22 +384,43 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _storage(t: torch.Tensor) -> int:
+    return _local(t).untyped_storage().data_ptr()
+
+
 def _live_storages(model: nn.Module, optimizer: torch.optim.Optimizer) -> set[int]:
-    """Data pointers of the storages the training loop writes into."""
-    tensors = [*model.parameters(), *model.buffers()]
+    """The storages the training loop writes into."""
+    tensors = [p for p in model.parameters() if p.requires_grad] + list(model.buffers())
     tensors += [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-    return {_local(t).untyped_storage().data_ptr() for t in tensors}
+    return {_storage(t) for t in tensors}
 
 
-def _tensor_bytes(tree: Any) -> int:
-    if isinstance(tree, dict):
-        return sum(_tensor_bytes(v) for v in tree.values())
-    if isinstance(tree, list | tuple):
-        return sum(_tensor_bytes(v) for v in tree)
-    if torch.is_tensor(tree):
-        local = _local(tree)
-        return local.numel() * local.element_size()
-    return 0
+def _tensor_paths(
+    tree: dict, wanted: Callable[[torch.Tensor], bool], prefix: tuple = ()
+) -> dict[tuple, torch.Tensor]:
+    """{key path: tensor} of every tensor in nested dicts that ``wanted`` selects."""
+    found = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            found.update(_tensor_paths(value, wanted, (*prefix, key)))
+        elif torch.is_tensor(value) and wanted(value):
+            found[(*prefix, key)] = value
+    return found
+
+
+def _with(tree: dict, replacements: dict[tuple, Any], prefix: tuple = ()) -> dict:
+    """A copy of nested dicts (the dicts only) with the values at ``replacements``' paths."""
+    return {
+        key: _with(value, replacements, (*prefix, key))
+        if isinstance(value, dict)
+        else replacements.get((*prefix, key), value)
+        for key, value in tree.items()
+    }
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    local = _local(t)
+    return local.numel() * local.element_size()
 
 
 def _broadcast(value: Any, group: dist.ProcessGroup | None) -> Any:
