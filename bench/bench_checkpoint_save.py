@@ -23,8 +23,9 @@ buffers for the next save) and the growth of its RSS over its first async save.
 Part 2, verification. The newest ``dcp`` checkpoint is verified by 1, 2 and 4 processes with
 ``verify_checkpoint_split`` (each its share) and, for comparison, with every process checking
 every file (what each rank did before the split): bytes read per rank (``rchar`` of
-/proc/self/io) and seconds per rank. The files were just written, so they are in the page cache:
-the seconds measure hashing, not the disk; on 2 cores, 4 processes hash 2 at a time.
+/proc/self/io) and seconds per rank (median of 3). The files were just written, so they are in
+the page cache: the seconds measure hashing, not the disk; on 2 cores, 4 processes hash 2 at a
+time.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from lerobot_pipe.distributed.parallelize import apply_parallelism
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.processors import make_pre_post_processors
 from lerobot_pipe.training.checkpoint import (
+    gather_full_model_state,
     list_complete_checkpoints,
     read_training_step,
     verify_checkpoint_files,
@@ -150,6 +152,12 @@ def rank_main(dataset_root: str, out_root: str, reps: int, steps_between: int) -
                 "steps": steps,
             }
 
+        gathers = []  # the full-model gather of the safetensors format, alone
+        for _ in range(3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            gather_full_model_state(model)
+            gathers.append(_slowest(time.perf_counter() - t0))
         # Warm-up save per variant (DCP plans, first staging allocation), not timed.
         for variant in VARIANTS:
             before = c.rss_bytes()
@@ -176,6 +184,7 @@ def rank_main(dataset_root: str, out_root: str, reps: int, steps_between: int) -
             "staged": staged,
             "rss_growth": rss_growth,
             "params": c.n_params(model),
+            "gather": c.median(gathers),
             "verify_dir": str(newest),
         }
     finally:
@@ -197,12 +206,18 @@ def verify_main(step_dir: str, split: bool) -> dict:
         verify_checkpoint_split(path, {"files": {}})  # imports and the first collective
         if env.distributed:
             dist.barrier()
-        before, t0 = _bytes_read(), time.perf_counter()
-        if split:
-            verify_checkpoint_split(path, info)
-        else:
-            verify_checkpoint_files(path, info)
-        return {"bytes": _bytes_read() - before, "seconds": time.perf_counter() - t0}
+        reads, seconds = [], []
+        for _ in range(3):
+            if env.distributed:
+                dist.barrier()
+            before, t0 = _bytes_read(), time.perf_counter()
+            if split:
+                verify_checkpoint_split(path, info)
+            else:
+                verify_checkpoint_files(path, info)
+            seconds.append(time.perf_counter() - t0)
+            reads.append(_bytes_read() - before)
+        return {"bytes": max(reads), "seconds": c.median(seconds)}
     finally:
         destroy()
 
@@ -244,11 +259,18 @@ def main() -> None:
         stalls = ", ".join(f"{row['stall']:.2f}" for row in r0["rows"][v])
         m = med[v]
         print(f"{v:14} {m['stall']:8.2f} {m['waited']:14.2f} {m['complete']:11.2f}  {stalls}")
+    print(
+        f"of a safetensors stall, the full-model gather alone (a collective, in the loop): "
+        f"{r0['gather']:.2f}s"
+    )
     plain = c.median(r0["plain_steps"])
-    print(f"\ntraining step, no save in flight: {plain:.3f}s (median)")
+    print(
+        f"\ntraining step with no save in flight: {plain:.3f}s (median); the "
+        f"{args.steps_between} steps after each save took longer by (median):"
+    )
     for v in VARIANTS:
-        after = [row["steps"][0] for row in r0["rows"][v]]
-        print(f"first step after a {v:16} save: {c.median(after):.3f}s")
+        extra = [sum(row["steps"]) - len(row["steps"]) * plain for row in r0["rows"][v]]
+        print(f"  {v:18} {c.median(extra):+.2f}s")
     print()
     for fmt in FORMATS:
         ratio = med[f"{fmt}-async"]["stall"] / med[f"{fmt}-sync"]["stall"]

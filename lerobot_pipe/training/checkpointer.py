@@ -7,8 +7,8 @@ A save has two halves:
   collectives (the full model for ``model.safetensors``, the full optimizer state for
   ``optimizer_state.safetensors``, every rank's RNG), the local DCP state dicts and the small
   JSON values. With ``--checkpoint_async=true`` every tensor the loop would go on to change is
-  copied to CPU memory here (pinned on CUDA, through DCP's ``DefaultStager``, whose buffers are
-  reused from save to save): this copy is the loop's only stall.
+  copied to CPU memory here (pinned on CUDA; allocated by DCP's ``DefaultStager`` at the first
+  save, then refilled in place): this copy is the loop's only stall.
 * **persist** (a background thread with async saves, else inline): each rank writes its DCP shards
   and the main rank its files, each fsyncs and hashes what it wrote
   (:mod:`~lerobot_pipe.training.manifest`); the hashes are gathered to the main rank, which
@@ -144,6 +144,7 @@ class Checkpointer:
                 )
             )
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._staged: dict[tuple, torch.Tensor] | None = None  # reused from save to save
         self._pending: Future | None = None
         self.last_saved: Path | None = None
         self.staged_bytes = 0  # bytes this rank copied for the last async save
@@ -258,7 +259,17 @@ class Checkpointer:
             if getattr(snap, attr) is not None
         }
         wanted = _tensor_paths(trees, lambda t: not t.is_cpu or _storage(t) in live)
-        staged = self._stager.stage(wanted)  # one call: tensors sharing storage stay shared
+        staged = self._staged
+        if staged is not None and _same_layout(staged, wanted):
+            # The previous save's copies (finished: at most one save in flight) take the new
+            # values: a plain copy per tensor instead of rebuilding every (D)Tensor wrapper.
+            cuda = torch.cuda.is_available()
+            for path, tensor in wanted.items():
+                _local(staged[path]).copy_(_local(tensor), non_blocking=cuda)
+            if cuda:
+                torch.cuda.synchronize()
+        else:  # first save: allocate (pinned on CUDA); one call keeps shared storage shared
+            staged = self._staged = self._stager.stage(wanted)
         # New dicts along the way: the state dicts hold the optimizer's own per-parameter dicts.
         for attr, tree in _with(trees, staged).items():
             setattr(snap, attr, tree)
@@ -406,6 +417,25 @@ def _tensor_paths(
         elif torch.is_tensor(value) and wanted(value):
             found[(*prefix, key)] = value
     return found
+
+
+def _same_layout(staged: dict[tuple, torch.Tensor], tensors: dict[tuple, torch.Tensor]) -> bool:
+    """Whether ``staged`` (copies of an earlier save's tensors) can take ``tensors``' values."""
+    if staged.keys() != tensors.keys():
+        return False
+    for path, tensor in tensors.items():
+        old = staged[path]
+        if type(old) is not type(tensor) or old.dtype != tensor.dtype:
+            return False
+        if isinstance(tensor, DTensor) and (
+            old.shape != tensor.shape
+            or old.placements != tensor.placements
+            or old.device_mesh != tensor.device_mesh
+        ):
+            return False
+        if _local(old).shape != _local(tensor).shape:
+            return False
+    return True
 
 
 def _with(tree: dict, replacements: dict[tuple, Any], prefix: tuple = ()) -> dict:
