@@ -130,7 +130,6 @@ class Checkpointer:
         self.distributed = dist.is_initialized()
         self.is_main = not self.distributed or dist.get_rank() == 0
         self.group = dist.new_group(backend="gloo") if self.distributed else None
-        self.async_save = async_save
         self._stager: DefaultStager | None = None
         self._worker: ThreadPoolExecutor | None = None
         if async_save:
@@ -200,6 +199,7 @@ class Checkpointer:
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+        self._staged = None
 
     # ------------------------------------------------------------------ snapshot (in the loop)
 
