@@ -473,7 +473,10 @@ def _file_problem(step_dir: Path, rel: str, expected: dict, converted: bool, has
         return f"checkpoint file missing: {path}"
     size = path.stat().st_size
     if size != expected["size"]:
-        return f"corrupt checkpoint file {path}: {size} bytes, expected {expected['size']} (truncated?)"
+        expected_size = expected["size"]
+        return (
+            f"corrupt checkpoint file {path}: {size} bytes, expected {expected_size} (truncated?)"
+        )
     if hashes and sha256_file(path) != expected["sha256"]:
         return f"corrupt checkpoint file {path}: SHA-256 does not match {C.TRAINING_STEP}"
     return None

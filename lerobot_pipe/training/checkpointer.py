@@ -5,17 +5,17 @@ A save has two halves:
 
 * **snapshot** (in the loop, collective on the training process group): the gathers that are
   collectives (the full model for ``model.safetensors``, the full optimizer state for
-  ``optimizer_state.safetensors``, every rank's RNG), the local DCP state dicts and the small
-  JSON values. With ``--checkpoint_async=true`` every tensor the loop would go on to change is
-  copied to CPU memory here (pinned on CUDA; allocated by DCP's ``DefaultStager`` at the first
-  save, then refilled in place): this copy is the loop's only stall.
-* **persist** (a background thread with async saves, else inline): each rank writes its DCP shards
-  and the main rank its files, each fsyncs and hashes what it wrote
-  (:mod:`~lerobot_pipe.training.manifest`); the hashes are gathered to the main rank, which
-  writes training_step.json, renames the folder into place, moves ``last`` and applies
-  retention; then every rank learns the outcome. The collectives of this half run on a gloo
-  process group of their own: CPU collectives (next to nccl on GPU), never interleaved with the
-  loop's.
+  ``optimizer_state.safetensors``), the local DCP state dicts, this rank's RNG state and the
+  small JSON values. With ``--checkpoint_async=true`` every tensor the loop would go on to
+  change is copied to CPU memory here (pinned on CUDA; allocated by DCP's ``DefaultStager`` at
+  the first save, then refilled in place): this copy is the loop's only stall.
+* **persist** (a background thread with async saves, else inline): each rank writes its DCP
+  shards, the RNG states are gathered, the main rank writes its files; each rank fsyncs and
+  hashes what it wrote (:mod:`~lerobot_pipe.training.manifest`); the hashes are gathered to the
+  main rank, which writes training_step.json, renames the folder into place, moves ``last`` and
+  applies retention; then every rank learns the outcome. The collectives of this half run on a
+  gloo process group of their own: CPU collectives (next to nccl on GPU), never interleaved
+  with the loop's.
 
 At most one save is in flight: the next save, the end of training (:meth:`Checkpointer.close`)
 and a clean shutdown after an error (:meth:`Checkpointer.shutdown`) wait for it. A killed
@@ -94,7 +94,7 @@ class _Snapshot:
     full_model: dict[str, torch.Tensor] | None = None
     optimizer_flat: dict[str, torch.Tensor] | None = None
     param_groups: list | None = None
-    rng: dict[str, torch.Tensor] | None = None
+    rng: dict[str, torch.Tensor] | None = None  # this rank's generators
     scheduler: dict | None = None
     scaler: dict | None = None
 
@@ -232,10 +232,9 @@ class Checkpointer:
                 numbered, param_groups = index_optimizer_state(osd)
                 snap.optimizer_flat = flatten_tensors({"state": numbered})
         del osd
-        rng_states = gather_objects(state.rng.state_dict())
+        snap.rng = state.rng.state_dict()  # this rank's; gathered by the writer
         if self.is_main:
             snap.param_groups = copy.deepcopy(param_groups)
-            snap.rng = flatten_rng_states(rng_states)
             if state.scheduler is not None:
                 snap.scheduler = copy.deepcopy(state.scheduler.state_dict())
             if state.saves_scaler:
@@ -314,8 +313,9 @@ class Checkpointer:
         return snap.final
 
     def _write(self, snap: _Snapshot, pretrained: PretrainedWriter) -> dict[str, dict]:
-        """This rank's files of the checkpoint, written, fsynced and hashed. DCP first: its
-        collectives then run on every rank whatever fails later on the main rank alone."""
+        """This rank's files of the checkpoint, written, fsynced and hashed. The collectives
+        first (DCP's, the RNG gather): they then run on every rank whatever fails later on the
+        main rank alone (a DCP failure fails every rank)."""
         model_dir = snap.tmp / C.PRETRAINED_MODEL_DIR
         state_dir = snap.tmp / C.TRAINING_STATE_DIR
         files: dict[str, dict] = {}
@@ -328,6 +328,7 @@ class Checkpointer:
                 self._dcp_save(snap.optimizer_dcp, state_dir / C.OPTIMIZER_DCP_DIR, snap.tmp)
             )
             snap.optimizer_dcp = None
+        rng_states = gather_objects(snap.rng, group=self.group)
         if self.is_main:
             pretrained(model_dir, snap.full_model)
             snap.full_model = None
@@ -340,7 +341,7 @@ class Checkpointer:
             return files
         write_json_atomic(state_dir / C.OPTIMIZER_PARAM_GROUPS, snap.param_groups)
         fault_point("save:after_param_groups")
-        save_file(snap.rng, state_dir / C.RNG_STATE)
+        save_file(flatten_rng_states(rng_states), state_dir / C.RNG_STATE)
         fault_point("save:after_rng")
         if snap.scheduler is not None:
             write_json_atomic(state_dir / C.SCHEDULER_STATE, snap.scheduler)
