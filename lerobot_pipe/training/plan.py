@@ -3,7 +3,9 @@
 :func:`make_plan` parses the flags, refuses configuration in the environment, validates every
 value, resolves the topology for the launched world size, locates and checks the checkpoint to
 resume from and opens the dataset. A bad input fails here, on each rank alone, with a message and
-without writing anything. ``lerobot-pipe validate`` runs exactly this for the pipeline.
+without writing anything. ``lerobot-pipe validate`` runs exactly this for the pipeline. One
+check waits for the process group, so that the ranks can share it: :func:`verify_resume`, the
+SHA-256 of the checkpoint's files (here only their sizes are checked).
 """
 
 from __future__ import annotations
