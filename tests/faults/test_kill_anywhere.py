@@ -76,18 +76,21 @@ CASES = [
 ]
 # With --checkpoint_async=true the save of step 4 runs in a background thread while the loop
 # goes on to steps 5 and 6: each point the background path added (staging in the loop, the
-# background's start, after a rank hashed its files, retention mid-delete), on DDP and FSDP2 and
+# background's start, after a rank hashed its files, retention mid-delete) on DDP and on FSDP2,
 # on both ranks, and the save's points where it is mid-DCP, written but not renamed, renamed but
 # `last` not moved.
 ASYNC_CASES = [
     ("ddp", "save:staged", 1),
-    ("fsdp2", "save:persist_begin", 0),
-    ("fsdp2", "save:after_model_dcp", 1),
+    ("fsdp2", "save:staged", 0),
+    ("ddp", "save:persist_begin", 0),
+    ("fsdp2", "save:persist_begin", 1),
     ("ddp", "save:after_hash", 0),
     ("fsdp2", "save:after_hash", 1),
+    ("ddp", "save:during_prune", 0),
+    ("fsdp2", "save:during_prune", 0),
+    ("fsdp2", "save:after_model_dcp", 1),
     ("ddp", "save:before_rename", 0),
     ("fsdp2", "save:during_last_link", 0),
-    ("ddp", "save:during_prune", 0),
 ]
 SURVIVED: list[str] = []
 
