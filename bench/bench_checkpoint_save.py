@@ -1,19 +1,31 @@
-"""Sharded checkpoint save time vs torch.save of the same full state on one process.
+"""Checkpoint cost: the training loop's stall per save, asynchronous vs synchronous, and resume
+verification per rank at 1, 2 and 4 ranks.
 
-    .venv/bin/python bench/bench_checkpoint_save.py [--reps 5]
+    .venv/bin/python bench/bench_checkpoint_save.py [--reps 4] [--steps-between 3]
 
-A 2-rank FSDP2 run (tests/launch.py ``run_distributed``, gloo) of the ~100 MB fp32 ACT
-(27.1 M params) wrapped by ``apply_parallelism``, AdamW after one step (so the optimizer state
-exists: ~310 MiB of model + optimizer state in all). Per repetition, in rotating order:
-  * ``save_checkpoint(..., checkpoint_format="dcp")``: model and optimizer as DCP shards, every
-    rank writes its own; config / processors / RNG / JSON on rank 0; everything fsynced;
-  * ``save_checkpoint(..., checkpoint_format="safetensors")``: the full model gathered to rank 0
-    and written as model.safetensors, the optimizer as DCP shards (the sharded-run layout);
-  * ``torch.save({"model": full, "optimizer": full})`` by rank 0 alone (the other rank waits), of
-    the full state gathered once beforehand; shown without and with an fsync of the file
-    (save_checkpoint fsyncs everything it writes, so "+fsync" is the like-for-like baseline).
-Each is timed from a barrier to a barrier (the slowest rank), after an ``os.sync()``. Medians;
-ratio = save / torch.save.
+Part 1, stall. A 2-rank FSDP2 run (tests/launch.py ``run_distributed``, gloo) of the ~100 MB fp32
+ACT (26.9 M params) with its AdamW state (~310 MiB of state in all) trains; after every
+``--steps-between`` training steps it saves through lerobot_pipe's ``Checkpointer``, in turn
+with four of them side by side (own output folders, rotating order each repetition):
+``--checkpoint_format`` ``dcp`` (model and optimizer as DCP shards, every rank writes its own) and
+``safetensors`` (the full model gathered to rank 0, a collective that stays in the loop, and
+written there; the optimizer as DCP shards), each synchronous and asynchronous. Per save:
+  * stall: the time the loop spends inside ``save()`` (the slowest rank): the whole save when
+    synchronous; the gathers and the copy to CPU memory when asynchronous;
+  * complete after: from ``save()`` until the checkpoint is complete on every rank (the
+    background's end for async saves);
+  * the training steps run right after each save: with an async save they share the 2 cores with
+    its background write.
+Ratio = async stall / sync save time of the same format (target <= 0.15). Extra memory of async
+saves: the bytes each rank staged (one copy of the state it writes; DCP's DefaultStager keeps the
+buffers for the next save) and the growth of its RSS over its first async save.
+
+Part 2, verification. The newest ``dcp`` checkpoint is verified by 1, 2 and 4 processes with
+``verify_checkpoint_split`` (each its share) and, for comparison, with every process checking
+every file (what each rank did before the split): bytes read per rank (``rchar`` of
+/proc/self/io) and seconds per rank (median of 3). The files were just written, so they are in
+the page cache: the seconds measure hashing, not the disk; on 2 cores, 4 processes hash 2 at a
+time.
 """
 
 from __future__ import annotations
@@ -32,11 +44,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from launch import run_distributed
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-)
 
 from lerobot_pipe.configs.optim import AdamWConfig
 from lerobot_pipe.configs.train import AcceleratorConfig
@@ -44,19 +51,32 @@ from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.parallelize import apply_parallelism
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.processors import make_pre_post_processors
-from lerobot_pipe.training.checkpoint import CheckpointContext, save_checkpoint
+from lerobot_pipe.training.checkpoint import (
+    gather_full_model_state,
+    list_complete_checkpoints,
+    read_training_step,
+    verify_checkpoint_files,
+    verify_checkpoint_split,
+)
+from lerobot_pipe.training.checkpointer import Checkpointer
+from lerobot_pipe.training.manifest import sha256_file, shares
 from lerobot_pipe.training.optim import make_optimizer
+from lerobot_pipe.training.state import TrainState
 
 SIZE = "100mb"
 WORLD = 2
-VARIANTS = ("dcp", "safetensors", "torch.save", "torch.save+fsync")
+FORMATS = ("dcp", "safetensors")
+VARIANTS = tuple(f"{fmt}-{mode}" for fmt in FORMATS for mode in ("sync", "async"))
+MIB = 1024 * 1024
 
 
-def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+def _slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
 
 
-def rank_main(dataset_root: str, out_root: str, reps: int) -> dict:
+def rank_main(dataset_root: str, out_root: str, reps: int, steps_between: int) -> dict:
     env = init_distributed()
     try:
         dims = ParallelDims(dp_replicate=1, dp_shard=WORLD, world_size=WORLD)
@@ -70,12 +90,14 @@ def rank_main(dataset_root: str, out_root: str, reps: int) -> dict:
         optimizer = make_optimizer(
             policy.get_optim_params(), AdamWConfig(lr=1e-5, weight_decay=1e-4)
         )
-        loss, _ = model(pre(ds.get_batch(sampler.next_indices())))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
 
-        out = Path(out_root)
+        def train_step() -> float:
+            t0 = time.perf_counter()
+            loss, _ = model(pre(ds.get_batch(sampler.next_indices())))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return time.perf_counter() - t0
 
         def write_pretrained(directory: Path, full_state):
             if full_state is not None:
@@ -86,104 +108,222 @@ def rank_main(dataset_root: str, out_root: str, reps: int) -> dict:
             post.save_pretrained(directory)
             (directory / "train_config.json").write_text(json.dumps({"bench": True}) + "\n")
 
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        t0 = time.perf_counter()
-        full = {
-            "model": get_model_state_dict(model, options=opts),
-            "optimizer": get_optimizer_state_dict(model, optimizer, options=opts),
+        state = TrainState(model=model, optimizer=optimizer, pretrained=write_pretrained)
+        run_info = {"step": 0, "samples_consumed": 0, "world_size": WORLD, "sharded": True}
+        out = Path(out_root)
+        savers = {
+            v: Checkpointer(
+                out / v,
+                total_steps=10**6,
+                checkpoint_format=v.split("-")[0],
+                sharded=True,
+                run_info=run_info,
+                async_save=v.endswith("async"),
+            )
+            for v in VARIANTS
         }
-        gather_s = time.perf_counter() - t0
-
-        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        sizes: dict[str, int] = {}
+        train_step()  # the optimizer state exists from here on
         step = 0
+        staged, rss_growth = {}, {}
+
+        def one_save(variant: str) -> dict:
+            nonlocal step
+            saver = savers[variant]
+            step += 1
+            state.progress.step = step
+            if env.is_main:
+                os.sync()  # dirty pages of the previous save are not charged to this one
+            dist.barrier()
+            t0 = time.perf_counter()
+            saver.save(state)
+            in_save = time.perf_counter() - t0
+            steps = [train_step() for _ in range(steps_between)]
+            t1 = time.perf_counter()
+            saver.wait()  # where the next save would wait if it came now
+            waited = time.perf_counter() - t1
+            complete = saver.last_duration_s
+            dist.barrier()
+            if env.is_main:  # untimed: keep one checkpoint per variant on disk
+                for old in list_complete_checkpoints(out / variant)[:-1]:
+                    shutil.rmtree(old)
+            return {
+                "stall": _slowest(in_save + waited),
+                "waited": _slowest(waited),
+                "complete": _slowest(complete),
+                "steps": steps,
+            }
+
+        gathers = []  # the full-model gather of the safetensors format, alone
+        for _ in range(3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            gather_full_model_state(model)
+            gathers.append(_slowest(time.perf_counter() - t0))
+        # Warm-up save per variant (DCP plans, first staging allocation), not timed.
+        for variant in VARIANTS:
+            before = c.rss_bytes()
+            one_save(variant)
+            if variant.endswith("async"):
+                staged[variant] = savers[variant].staged_bytes
+                rss_growth[variant] = c.rss_bytes() - before
+        plain_steps = [train_step() for _ in range(steps_between)]
+        rows: dict[str, list[dict]] = {v: [] for v in VARIANTS}
         for rep in range(reps):
-            order = VARIANTS[rep % 3 :] + VARIANTS[: rep % 3] if rep % 2 == 0 else VARIANTS[::-1]
+            k = rep % len(VARIANTS)
+            order = VARIANTS[k:] + VARIANTS[:k]
+            if rep % 2:
+                order = order[::-1]
             for variant in order:
-                step += 1
-                if env.is_main:
-                    os.sync()  # dirty pages of the previous save are not charged to this one
-                dist.barrier()
-                t0 = time.perf_counter()
-                if variant in ("dcp", "safetensors"):
-                    ctx = CheckpointContext(env.is_main, True, variant)
-                    written = save_checkpoint(
-                        output_dir=out / variant,
-                        step=step,
-                        total_steps=10_000,
-                        model=model,
-                        optimizer=optimizer,
-                        ctx=ctx,
-                        write_pretrained=write_pretrained,
-                        training_step={
-                            "step": step,
-                            "samples_consumed": step * 2 * WORLD,
-                            "dp_world_size": WORLD,
-                            "world_size": WORLD,
-                            "batch_size": 2,
-                            "grad_accum_steps": 1,
-                            "parallelism": dims.to_dict(),
-                            "sharded": True,
-                            "checkpoint_format": variant,
-                        },
-                    )
-                elif env.is_main:
-                    written = out / f"{variant}-{step}.pt"
-                    written.parent.mkdir(parents=True, exist_ok=True)
-                    with open(written, "wb") as f:
-                        torch.save(full, f)
-                        if variant.endswith("fsync"):
-                            f.flush()
-                            os.fsync(f.fileno())
-                dist.barrier()
-                times[variant].append(time.perf_counter() - t0)
-                if env.is_main:
-                    sizes[variant] = (
-                        _dir_bytes(written) if written.is_dir() else written.stat().st_size
-                    )
-                    if written.is_dir():
-                        shutil.rmtree(out / variant, ignore_errors=True)
-                    else:
-                        written.unlink()
-                dist.barrier()
-        return {"times": times, "sizes": sizes, "gather_s": gather_s, "params": c.n_params(model)}
+                rows[variant].append(one_save(variant))
+            plain_steps += [train_step() for _ in range(steps_between)]
+        for saver in savers.values():
+            saver.close()
+        newest = list_complete_checkpoints(out / "dcp-sync")[-1]
+        return {
+            "rows": rows,
+            "plain_steps": plain_steps,
+            "staged": staged,
+            "rss_growth": rss_growth,
+            "params": c.n_params(model),
+            "gather": c.median(gathers),
+            "verify_dir": str(newest),
+        }
     finally:
         destroy()
 
 
+def _bytes_read() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise RuntimeError("no rchar in /proc/self/io")
+
+
+def verify_main(step_dir: str, split: bool) -> dict:
+    env = init_distributed()
+    try:
+        path = Path(step_dir)
+        info = read_training_step(path)
+        verify_checkpoint_split(path, {"files": {}})  # imports and the first collective
+        if env.distributed:
+            dist.barrier()
+        reads, seconds = [], []
+        for _ in range(3):
+            if env.distributed:
+                dist.barrier()
+            before, t0 = _bytes_read(), time.perf_counter()
+            if split:
+                verify_checkpoint_split(path, info)
+            else:
+                verify_checkpoint_files(path, info)
+            seconds.append(time.perf_counter() - t0)
+            reads.append(_bytes_read() - before)
+        return {"bytes": max(reads), "seconds": c.median(seconds)}
+    finally:
+        destroy()
+
+
+def _hash_share(step_dir: str, rels: list[str]) -> float:
+    t0 = time.perf_counter()
+    for rel in rels:
+        sha256_file(Path(step_dir) / rel)
+    return time.perf_counter() - t0
+
+
+def hashing_parallelism(step_dir: str, files: dict) -> float:
+    """Control: one process hashing everything vs two processes hashing one share each, plain
+    hashlib, no torch. ~2.0 where two cores are free, ~1.0 on a saturated machine."""
+    import multiprocessing as mp
+
+    alone = _hash_share(step_dir, list(files))
+    with mp.get_context("fork").Pool(2) as pool:
+        t0 = time.perf_counter()
+        pool.starmap(_hash_share, [(step_dir, share) for share in shares(files, 2)])
+        both = time.perf_counter() - t0
+    return alone / both
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--steps-between", type=int, default=3)
     args = ap.parse_args()
     tmp = c.bench_tmp("checkpoint_save")
     root = str(c.synthetic_dataset(tmp / "dataset", num_episodes=4, episode_length=50))
     print(
-        f"model: ACT {SIZE} {c.ACT_SIZES[SIZE]}; FSDP2 over {WORLD} ranks (gloo); AdamW after "
-        f"one step; output under {tmp}; {c.machine_load()}"
+        f"model: ACT {SIZE} {c.ACT_SIZES[SIZE]}; FSDP2 over {WORLD} ranks (gloo); AdamW; "
+        f"{args.steps_between} training steps between saves; output under {tmp}; "
+        f"{c.machine_load()}"
     )
     try:
-        res = run_distributed(rank_main, WORLD, root, str(tmp / "out"), args.reps, timeout=900)
+        res = run_distributed(
+            rank_main, WORLD, root, str(tmp / "out"), args.reps, args.steps_between, timeout=1800
+        )
+        r0 = res[0]
+        files = read_training_step(Path(r0["verify_dir"]))["files"]
+        total = sum(v["size"] for v in files.values())
+        largest = max(v["size"] for v in files.values())
+        parallelism = hashing_parallelism(r0["verify_dir"], files)
+        verify = {}
+        for world in (1, 2, 4):
+            for split in (True, False) if world > 1 else (True,):
+                verify[world, split] = run_distributed(
+                    verify_main, world, r0["verify_dir"], split, timeout=600
+                )
     finally:
         shutil.rmtree(tmp / "out", ignore_errors=True)
-    r0 = res[0]
-    med = {v: c.median(r0["times"][v]) for v in VARIANTS}
-    mib = 1024 * 1024
-    print(
-        f"full state gathered to rank 0 (model + optimizer, collective, once): "
-        f"{r0['gather_s']:.2f}s"
-    )
-    print(f"\n{'variant':18} {'median s':>9} {'MiB written':>12}  per-rep")
+
+    keys = ("stall", "waited", "complete")
+    med = {v: {k: c.median([row[k] for row in r0["rows"][v]]) for k in keys} for v in VARIANTS}
+    print(f"\nparameters: {r0['params']:,}; {args.reps} timed saves per variant (medians)")
+    print(f"{'variant':14} {'stall s':>8} {'of it waiting':>14} {'complete s':>11}  stalls per rep")
     for v in VARIANTS:
-        print(
-            f"{v:18} {med[v]:9.2f} {r0['sizes'][v] / mib:12.1f}  "
-            + ", ".join(f"{t:.2f}" for t in r0["times"][v])
-        )
+        stalls = ", ".join(f"{row['stall']:.2f}" for row in r0["rows"][v])
+        m = med[v]
+        print(f"{v:14} {m['stall']:8.2f} {m['waited']:14.2f} {m['complete']:11.2f}  {stalls}")
+    print(
+        f"of a safetensors stall, the full-model gather alone (a collective, in the loop): "
+        f"{r0['gather']:.2f}s"
+    )
+    plain = c.median(r0["plain_steps"])
+    print(
+        f"\ntraining step with no save in flight: {plain:.3f}s (median); the "
+        f"{args.steps_between} steps after each save took longer by (median):"
+    )
+    for v in VARIANTS:
+        extra = [sum(row["steps"]) - len(row["steps"]) * plain for row in r0["rows"][v]]
+        print(f"  {v:18} {c.median(extra):+.2f}s")
     print()
-    for v in ("dcp", "safetensors"):
+    for fmt in FORMATS:
+        ratio = med[f"{fmt}-async"]["stall"] / med[f"{fmt}-sync"]["stall"]
         print(
-            f"ratio save_checkpoint[{v}] / torch.save: {med[v] / med['torch.save']:.2f}; "
-            f"/ torch.save+fsync: {med[v] / med['torch.save+fsync']:.2f}"
+            f"ratio async stall / sync save [{fmt}]: {ratio:.3f} "
+            f"({c.verdict(ratio <= 0.15)} against <= 0.15)"
         )
+    for v in r0["staged"]:
+        growth = [r["rss_growth"][v] for r in res]
+        staged = [r["staged"][v] for r in res]
+        print(
+            f"extra memory [{v}]: staged {', '.join(f'{b / MIB:.1f}' for b in staged)} MiB "
+            f"per rank; RSS growth over the first async save "
+            f"{', '.join(f'{g / MIB:.1f}' for g in growth)} MiB"
+        )
+    print(
+        f"\nverification of {len(files)} files, {total / MIB:.1f} MiB (largest "
+        f"{largest / MIB:.1f} MiB); bound per rank = total / N + largest"
+    )
+    print(
+        f"control, plain hashlib: 2 processes hash {parallelism:.2f}x as fast as 1 on this "
+        f"machine now (2.0 = two free cores); {c.machine_load()}"
+    )
+    print(f"{'ranks':>5} {'how':>10} {'MiB read per rank':>28} {'seconds per rank':>24}")
+    for (world, split), ranks in verify.items():
+        how = "split" if split else "every rank"
+        mib = ", ".join(f"{r['bytes'] / MIB:.1f}" for r in ranks)
+        sec = ", ".join(f"{r['seconds']:.2f}" for r in ranks)
+        ok = all(r["bytes"] <= total / world + largest + 64 * 1024 for r in ranks)
+        mark = f" ({c.verdict(ok)} bound)" if split else ""
+        print(f"{world:>5} {how:>10} {mib:>28} {sec:>24}{mark}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ Steps (each failure exits non-zero with the reason):
      --parallelism.dp_shard=1`` trains ACT (LeRobot's default size: dim_model 512, chunk 100)
      for ``--steps`` steps, saving every ``--steps/2``; (world size 1 cannot shard: this is the
      plain bf16-autocast single-GPU path);
-  4. the same command with ``--resume=true --steps=<1.5x>`` continues from the last checkpoint;
+  4. the same command with ``--resume=true --steps=<1.5x> --checkpoint_async=true`` continues
+     from the last checkpoint, saving in the background;
   5. checks: every checkpoint is complete, the log records are finite and continue after the
      resumed step, the run said it used cuda; prints samples/s of each run.
 ``--dry-run`` skips the GPU steps: it prints every command, writes the dataset and runs
@@ -210,6 +211,7 @@ def main() -> int:
     second = [f for f in first if not f.startswith("--steps=")] + [
         f"--steps={resumed_steps}",
         "--resume=true",
+        "--checkpoint_async=true",  # the resumed run saves in the background (pinned staging)
     ]
     t_start = time.perf_counter()
     try:

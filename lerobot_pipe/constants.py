@@ -51,6 +51,9 @@ RUN_LOCK = "run.lock"
 
 # Prefix of the temporary folder a checkpoint is written into before its atomic rename.
 TMP_CHECKPOINT_PREFIX = ".tmp-"
+# A complete checkpoint that retention (--checkpoint_keep_last) is deleting is first renamed to
+# this prefix + its name, so a kill mid-delete never leaves a damaged complete-looking folder.
+DELETING_CHECKPOINT_PREFIX = ".tmp-delete-"
 
 # Dataset v3.0 layout.
 DATASET_INFO = "meta/info.json"
@@ -70,3 +73,4 @@ PUBLISH_RECEIPT = "publish_receipt.json"
 # Environment variables.
 ENV_ALLOW_ACCELERATE = "LEROBOT_ALLOW_ACCELERATE_ENV"
 ENV_FAULT_POINT = "LEROBOT_PIPE_FAULT_POINT"
+ENV_FAULT_DELAY = "LEROBOT_PIPE_FAULT_DELAY"

@@ -248,6 +248,10 @@ class TrainConfig:
     accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)
     # lerobot_pipe's own.
     trackio: TrackioConfig = field(default_factory=TrackioConfig, metadata=OMIT_AT_DEFAULT)
+    # Write checkpoints in the background: the loop stalls only to copy the state to CPU memory.
+    checkpoint_async: bool = field(default=False, metadata=OMIT_AT_DEFAULT)
+    # Keep only the newest N complete checkpoints (and the one `last` points to); 0 keeps all.
+    checkpoint_keep_last: int = field(default=0, metadata=OMIT_AT_DEFAULT)
 
 
 # Top-level keys of train_config.json that LeRobot 0.6.1 does not know (its docs describe them).

@@ -79,12 +79,13 @@ def broadcast_from_main(obj: Any) -> Any:
     return box[0]
 
 
-def gather_objects(obj: Any) -> list[Any] | None:
-    """Every rank's ``obj`` on rank 0 (None elsewhere)."""
+def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any] | None:
+    """Every rank's ``obj`` on rank 0 (None elsewhere); over ``group`` (which holds rank 0) when
+    given, else the default group."""
     if not dist.is_initialized():
         return [obj]
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(obj, out, dst=0)
+    out = [None] * dist.get_world_size(group) if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0, group=group)
     return out
 
 

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         train(plan)
-    except RunLockError as e:
+    except (RunLockError, *USER_ERRORS) as e:  # the run lock, or a checkpoint failing verification
         if launched_rank() == 0:
             log.error("lerobot-train: error: %s", e)
         return 2

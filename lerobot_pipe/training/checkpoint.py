@@ -3,18 +3,21 @@
 Layout: see :mod:`lerobot_pipe.constants`. The rules, relied on by resume, conversion and the
 pipeline:
 
-1. Saving is a collective: every rank enters :func:`save_checkpoint`. DCP shards are written by
-   every rank; single files (safetensors, JSON) only by the main process.
+1. Saving is a collective (:class:`~lerobot_pipe.training.checkpointer.Checkpointer`, in the
+   training loop or in the background). DCP shards are written by every rank; single files
+   (safetensors, JSON) only by the main process. Each rank fsyncs and hashes what it wrote.
 2. Everything is written into ``checkpoints/.tmp-<step>/``; ``training_state/training_step.json``
-   is written last inside it (itself via a temporary file and an atomic rename), every file is
-   fsynced, then the folder is renamed to ``checkpoints/<step>/``.
+   is written last inside it (itself via a temporary file and an atomic rename), once every
+   rank's files are durable; then the folder is renamed to ``checkpoints/<step>/``.
 3. A checkpoint is complete iff ``<step>/training_state/training_step.json`` exists. Nothing
    else ever looks at an incomplete one; ``.tmp-*`` leftovers of a killed save are removed when
    the next run starts. training_step.json carries the size and SHA-256 of every other file of
    the checkpoint (``"files"``), so a truncated, bit-flipped or missing file is found before a
-   resume uses it; automatic resume then falls back to the newest checkpoint that verifies.
+   resume uses it (:func:`verify_checkpoint_split`: each rank checks a share); automatic resume
+   then falls back to the newest checkpoint that verifies.
 4. ``checkpoints/last`` is a relative symlink, replaced atomically and only ever pointing at a
-   complete checkpoint.
+   complete checkpoint. Retention (:func:`prune_checkpoints`) deletes a checkpoint only after a
+   newer one is complete, never the one ``last`` points to.
 
 No pickle is ever loaded: tensors go through safetensors, everything else through JSON; the only
 exception is DCP's own ``.metadata``, read only from this run's own output.
@@ -24,24 +27,22 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import json
 import logging
 import os
 import random
 import shutil
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -52,9 +53,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.distributed.runtime import barrier, gather_objects
+from lerobot_pipe.distributed.runtime import barrier
 from lerobot_pipe.fsutil import fsync_path
 from lerobot_pipe.training.faults import fault_point
+from lerobot_pipe.training.manifest import file_entry, sha256_file, shares
+
+if TYPE_CHECKING:
+    from lerobot_pipe.training.state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +175,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            fsync_path(Path(dirpath) / name)
+def fsync_folders(root: Path) -> None:
+    """fsync every folder of a tree (its files were fsynced by whoever wrote them), so the
+    creations and renames in it are durable."""
+    for dirpath, _, _ in os.walk(root):
         fsync_path(Path(dirpath))
 
 
@@ -345,16 +350,7 @@ def rank_rng_state(flat: dict[str, torch.Tensor], rank: int) -> dict[str, torch.
     return mine
 
 
-# --------------------------------------------------------------------------- save
-
-
-@dataclass
-class CheckpointContext:
-    """What a save needs to know about the run besides the stateful objects."""
-
-    is_main: bool
-    sharded: bool  # FSDP2/HSDP: optimizer state (and optionally the model) go to DCP shards
-    checkpoint_format: str
+# --------------------------------------------------------------------------- save helpers
 
 
 def gather_full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -373,92 +369,8 @@ def gather_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimiz
     )
 
 
-def save_checkpoint(
-    *,
-    output_dir: Path,
-    step: int,
-    total_steps: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    ctx: CheckpointContext,
-    write_pretrained: Callable[[Path, dict[str, torch.Tensor] | None], None],
-    training_step: dict,
-    scheduler: Any | None = None,
-    scaler: torch.amp.GradScaler | None = None,
-) -> Path:
-    """Write one complete checkpoint; every rank must call this.
-
-    ``write_pretrained(dir, full_state_dict_or_None)`` is called on the main process to write the
-    policy's config, weights (when the dict is given), processors and train_config.json.
-    """
-    ckpt_root = checkpoints_dir(output_dir)
-    name = step_folder_name(step, total_steps)
-    final = ckpt_root / name
-    tmp = ckpt_root / f"{C.TMP_CHECKPOINT_PREFIX}{name}"
-    if ctx.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / C.PRETRAINED_MODEL_DIR).mkdir(parents=True)
-        (tmp / C.TRAINING_STATE_DIR).mkdir()
-    barrier()
-    fault_point("save:begin")
-    pretrained = tmp / C.PRETRAINED_MODEL_DIR
-    training_state = tmp / C.TRAINING_STATE_DIR
-    write_safetensors = ctx.checkpoint_format in ("safetensors", "safetensors_dcp")
-    write_dcp = ctx.checkpoint_format in ("dcp", "safetensors_dcp")
-
-    # Model: gathered full fp32 weights and/or DCP shards.
-    full_model = gather_full_model_state(model) if write_safetensors else None
-    if write_dcp:
-        dcp.save(get_model_state_dict(model), checkpoint_id=pretrained / C.MODEL_DCP_DIR)
-        fault_point("save:after_model_dcp")
-    if ctx.is_main:
-        write_pretrained(pretrained, full_model)
-    del full_model
-    fault_point("save:after_pretrained")
-
-    # Optimizer: DCP shards when sharded, else one safetensors file; param groups as JSON.
-    if ctx.sharded:
-        osd = get_optimizer_state_dict(model, optimizer)
-        dcp.save({"optimizer": osd["state"]}, checkpoint_id=training_state / C.OPTIMIZER_DCP_DIR)
-        param_groups = osd["param_groups"]
-    else:
-        osd = gather_full_optimizer_state(model, optimizer)  # empty on ranks other than 0
-        param_groups = None
-        if ctx.is_main:
-            state, param_groups = index_optimizer_state(osd)
-            save_file(flatten_tensors({"state": state}), training_state / C.OPTIMIZER_STATE)
-    del osd
-    fault_point("save:after_optimizer")
-
-    # Every rank's RNG, gathered to the main process.
-    rng_states = gather_objects(capture_rng_state())
-    if ctx.is_main:
-        write_json_atomic(training_state / C.OPTIMIZER_PARAM_GROUPS, param_groups)
-        fault_point("save:after_param_groups")
-        save_file(flatten_rng_states(rng_states), training_state / C.RNG_STATE)
-        fault_point("save:after_rng")
-        if scheduler is not None:
-            write_json_atomic(training_state / C.SCHEDULER_STATE, scheduler.state_dict())
-            fault_point("save:after_scheduler")
-        if scaler is not None and scaler.is_enabled():
-            write_json_atomic(training_state / C.SCALER_STATE, _scaler_state(scaler))
-            fault_point("save:after_scaler")
-        _fsync_tree(tmp)
-        fault_point("save:before_training_step")
-        write_json_atomic(
-            training_state / C.TRAINING_STEP, {**training_step, "files": file_manifest(tmp)}
-        )
-        fsync_path(training_state)
-        fault_point("save:before_rename")
-        _publish_step_folder(tmp, final)
-        fault_point("save:before_last_link")
-        update_last_link(ckpt_root, name)
-        fault_point("save:end")
-    barrier()
-    return final
-
-
-def _scaler_state(scaler: torch.amp.GradScaler) -> dict:
+def scaler_state(scaler: torch.amp.GradScaler) -> dict:
+    """The GradScaler's state as JSON values."""
     return {
         k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in scaler.state_dict().items()
     }
@@ -479,7 +391,7 @@ def _exchange_paths(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
-def _publish_step_folder(tmp: Path, final: Path) -> None:
+def publish_step_folder(tmp: Path, final: Path) -> None:
     """Rename the finished temporary folder into place. A complete checkpoint already there (the
     same step saved again after resuming from an older one) is swapped out atomically, so at
     every instant one complete checkpoint of that step exists."""
@@ -512,59 +424,115 @@ def update_last_link(ckpt_root: Path, name: str) -> None:
     fsync_path(ckpt_root)
 
 
+def prune_checkpoints(output_dir: str | Path, keep_last: int) -> list[Path]:
+    """Retention (``--checkpoint_keep_last``): delete the complete checkpoints older than the
+    ``keep_last`` newest (by step), never the one ``last`` points to. Called right after a save
+    completed, so a checkpoint goes only once a newer one is complete. Each is first renamed to
+    a temporary name (atomic: no half-deleted folder ever looks complete; a kill mid-delete
+    leaves a temporary that the next start removes)."""
+    if keep_last <= 0:
+        return []
+    root = checkpoints_dir(output_dir)
+    complete = list_complete_checkpoints(output_dir)
+    link = root / C.LAST_CHECKPOINT_LINK
+    current = link.resolve() if link.is_symlink() else None
+    removed = []
+    for step_dir in complete[:-keep_last]:
+        if current is not None and step_dir.resolve() == current:
+            continue
+        doomed = root / f"{C.DELETING_CHECKPOINT_PREFIX}{step_dir.name}"
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.rename(step_dir, doomed)
+        fsync_path(root)
+        fault_point("save:during_prune")
+        shutil.rmtree(doomed, ignore_errors=True)
+        removed.append(step_dir)
+    return removed
+
+
 # --------------------------------------------------------------------------- load
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def file_manifest(step_dir: Path) -> dict[str, dict]:
-    """{relative path: {"size", "sha256"}} of every file in a checkpoint folder."""
+    """{relative path: {"size", "sha256"}} of every file in a checkpoint folder, hashed here in one
+    process (a save assembles the same manifest from what each rank hashed)."""
     return {
-        path.relative_to(step_dir).as_posix(): {
-            "size": path.stat().st_size,
-            "sha256": _sha256(path),
-        }
+        path.relative_to(step_dir).as_posix(): file_entry(path)
         for path in sorted(step_dir.rglob("*"))
         if path.is_file() and path.name != C.TRAINING_STEP
     }
 
 
-def verify_checkpoint_files(step_dir: Path, info: dict) -> None:
-    """Check every file listed in training_step.json against its size and SHA-256. Model DCP
-    shards may be gone once lerobot-convert-dcp verified them into model.safetensors."""
+def _file_problem(step_dir: Path, rel: str, expected: dict, converted: bool, hashes: bool):
+    """What is wrong with one listed file (None: nothing). Model DCP shards may be gone once
+    lerobot-convert-dcp verified them into model.safetensors."""
+    path = step_dir / rel
+    if not path.is_file():
+        if converted and rel.startswith(f"{C.PRETRAINED_MODEL_DIR}/{C.MODEL_DCP_DIR}/"):
+            return None
+        return f"checkpoint file missing: {path}"
+    size = path.stat().st_size
+    if size != expected["size"]:
+        expected_size = expected["size"]
+        return (
+            f"corrupt checkpoint file {path}: {size} bytes, expected {expected_size} (truncated?)"
+        )
+    if hashes and sha256_file(path) != expected["sha256"]:
+        return f"corrupt checkpoint file {path}: SHA-256 does not match {C.TRAINING_STEP}"
+    return None
+
+
+def verify_checkpoint_files(
+    step_dir: Path, info: dict, *, hashes: bool = True, share: Collection[str] | None = None
+) -> None:
+    """Check the files listed in training_step.json (only those in ``share`` when given) against
+    their size and, with ``hashes``, their SHA-256."""
     pretrained = step_dir / C.PRETRAINED_MODEL_DIR
     converted = any(
         (pretrained / n).is_file() for n in (C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS)
     )
-    dcp_prefix = f"{C.PRETRAINED_MODEL_DIR}/{C.MODEL_DCP_DIR}/"
     for rel, expected in (info.get("files") or {}).items():
-        path = step_dir / rel
-        if not path.is_file():
-            if converted and rel.startswith(dcp_prefix):
-                continue
-            raise CheckpointError(f"checkpoint file missing: {path}")
-        if path.stat().st_size != expected["size"]:
-            raise CheckpointError(
-                f"corrupt checkpoint file {path}: {path.stat().st_size} bytes, expected {expected['size']} (truncated?)"
-            )
-        if _sha256(path) != expected["sha256"]:
-            raise CheckpointError(
-                f"corrupt checkpoint file {path}: SHA-256 does not match {C.TRAINING_STEP}"
-            )
+        if share is not None and rel not in share:
+            continue
+        problem = _file_problem(step_dir, rel, expected, converted, hashes)
+        if problem:
+            raise CheckpointError(problem)
 
 
-def newest_usable_checkpoint(output_dir: str | Path) -> tuple[Path, dict] | None:
+def verify_checkpoint_split(
+    step_dir: Path, info: dict, group: dist.ProcessGroup | None = None
+) -> None:
+    """Collective: check the SHA-256 of every file training_step.json lists, each rank a disjoint
+    share (at most ``total / world size + the largest file`` of reads per rank). Every rank then
+    raises the same CheckpointError if any share failed, before anything is loaded. Without a
+    process group this process checks everything."""
+    files = info.get("files") or {}
+    if not dist.is_initialized():
+        verify_checkpoint_files(step_dir, info)
+        return
+    world = dist.get_world_size(group)
+    mine = set(shares(files, world)[dist.get_rank(group)])
+    try:
+        verify_checkpoint_files(step_dir, info, share=mine)
+        problem = None
+    except CheckpointError as e:
+        problem = str(e)
+    problems: list[str | None] = [None] * world
+    dist.all_gather_object(problems, problem, group=group)
+    first = next((p for p in problems if p), None)
+    if first is not None:
+        raise CheckpointError(first)
+
+
+def newest_usable_checkpoint(
+    output_dir: str | Path, *, hashes: bool = True
+) -> tuple[Path, dict] | None:
     """The newest complete checkpoint that validates; damaged newer ones are skipped with a
-    warning naming the problem (the safe choice for an automatic resume)."""
+    warning naming the problem (the safe choice for an automatic resume). ``hashes=False``
+    checks sizes only (the trainer verifies the hashes split across its ranks)."""
     for step_dir in reversed(list_complete_checkpoints(output_dir)):
         try:
-            return step_dir, validate_checkpoint_layout(step_dir)
+            return step_dir, validate_checkpoint_layout(step_dir, hashes=hashes)
         except CheckpointError as e:
             log.warning(
                 "skipping checkpoint %s: %s; falling back to an earlier one", step_dir.name, e
@@ -572,9 +540,10 @@ def newest_usable_checkpoint(output_dir: str | Path) -> tuple[Path, dict] | None
     return None
 
 
-def validate_checkpoint_layout(step_dir: Path) -> dict:
+def validate_checkpoint_layout(step_dir: Path, *, hashes: bool = True) -> dict:
     """Check that a step folder is a complete checkpoint of this project's layout; return its
-    training_step.json. Called before any process group starts."""
+    training_step.json. Called before any process group starts; ``hashes=False`` checks the
+    listed files' sizes, not their SHA-256 (see :func:`verify_checkpoint_split`)."""
     if not step_dir.exists():
         raise CheckpointError(f"checkpoint folder not found: {step_dir}")
     resolved = step_dir.resolve()
@@ -613,32 +582,28 @@ def validate_checkpoint_layout(step_dir: Path) -> dict:
         for n in (C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS, C.MODEL_DCP_DIR)
     ):
         raise CheckpointError(f"checkpoint {pretrained} holds no model weights")
-    verify_checkpoint_files(resolved, info)
+    verify_checkpoint_files(resolved, info, hashes=hashes)
     for name in (C.CONFIG_NAME, C.TRAIN_CONFIG_NAME):
         if not isinstance(read_json_file(pretrained / name), dict):
             raise CheckpointError(f"corrupt checkpoint file {pretrained / name}: not a JSON object")
     return info
 
 
-def load_checkpoint(
-    step_dir: Path,
-    *,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    rank: int,
-    world_size: int,
-    scheduler: Any | None = None,
-    scaler: torch.amp.GradScaler | None = None,
-    model_key_map: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
-) -> dict:
-    """Restore model, optimizer, scheduler, scaler and this rank's RNG from a complete checkpoint,
-    onto whatever topology ``model`` is wrapped for (resharding as needed). Collective."""
+def load_checkpoint(step_dir: Path, state: TrainState) -> dict:
+    """Restore ``state`` (model, optimizer, scheduler, scaler, this rank's RNG, the step) from a
+    complete checkpoint, onto whatever topology its model is wrapped for (resharding as
+    needed); return training_step.json. Collective. The caller verified the files
+    (:func:`verify_checkpoint_split`)."""
+    model, optimizer, scheduler = state.model, state.optimizer, state.scheduler
+    scaler, model_key_map, progress = state.scaler, state.adapter_key_map, state.progress
     step_dir = step_dir.resolve()
     pretrained = step_dir / C.PRETRAINED_MODEL_DIR
     training_state = step_dir / C.TRAINING_STATE_DIR
     info = read_training_step(step_dir)
-    is_main = rank == 0
     distributed = dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    world_size = dist.get_world_size() if distributed else 1
+    is_main = rank == 0
 
     # Model.
     dcp_model = pretrained / C.MODEL_DCP_DIR
@@ -703,6 +668,7 @@ def load_checkpoint(
             log.warning("checkpoint has no %s: the fp16 loss scale starts fresh", path)
 
     _restore_rank_rng(training_state / C.RNG_STATE, rank, world_size, info)
+    progress.step = info["step"]
     barrier()
     return info
 

@@ -1,18 +1,29 @@
-"""Fault injection for tests: kill this process at a named point of the save / training path.
+"""Fault injection for tests: kill (or delay) this process at a named point of the save / training
+path.
 
 ``LEROBOT_PIPE_FAULT_POINT=<name>[@<step>][:rank<r>]`` SIGKILLs the matching rank (any rank when
-no rank is given) the first time it reaches ``<name>`` (at step ``<step>`` when given). Unset, a
-call costs one dictionary lookup.
+no rank is given) the first time it reaches ``<name>`` (at step ``<step>`` when given).
+``LEROBOT_PIPE_FAULT_DELAY=<name>[@<step>][:rank<r>]=<seconds>`` sleeps there instead, every
+time (a slow disk, a slow rank). Unset, a call costs one dictionary lookup.
+
+The step of a point is the training loop's step, except inside a checkpoint save, which may run
+in a background thread while the loop moves on: there it is the step being saved
+(:func:`saving_step`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
+import time
+from collections.abc import Iterator
 
-from lerobot_pipe.constants import ENV_FAULT_POINT
+from lerobot_pipe.constants import ENV_FAULT_DELAY, ENV_FAULT_POINT
 
 _current_step: int | None = None
+_thread = threading.local()
 
 
 def set_step(step: int) -> None:
@@ -20,16 +31,35 @@ def set_step(step: int) -> None:
     _current_step = step
 
 
-def fault_point(name: str) -> None:
-    spec = os.environ.get(ENV_FAULT_POINT)
-    if not spec:
-        return
+@contextlib.contextmanager
+def saving_step(step: int) -> Iterator[None]:
+    """Fault points reached in this thread inside the block belong to the save of ``step``."""
+    previous = getattr(_thread, "step", None)
+    _thread.step = step
+    try:
+        yield
+    finally:
+        _thread.step = previous
+
+
+def _matches(spec: str, name: str) -> bool:
     point, _, rank = spec.partition(":rank")
     point, _, step = point.partition("@")
     if point != name:
-        return
-    if step and (_current_step is None or int(step) != _current_step):
-        return
-    if rank and int(rank) != int(os.environ.get("RANK", "0")):
-        return
-    os.kill(os.getpid(), signal.SIGKILL)
+        return False
+    current = getattr(_thread, "step", None)
+    current = _current_step if current is None else current
+    if step and (current is None or int(step) != current):
+        return False
+    return not rank or int(rank) == int(os.environ.get("RANK", "0"))
+
+
+def fault_point(name: str) -> None:
+    spec = os.environ.get(ENV_FAULT_POINT)
+    if spec and _matches(spec, name):
+        os.kill(os.getpid(), signal.SIGKILL)
+    delay = os.environ.get(ENV_FAULT_DELAY)
+    if delay:
+        spec, _, seconds = delay.rpartition("=")
+        if _matches(spec, name):
+            time.sleep(float(seconds))

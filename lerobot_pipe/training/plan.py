@@ -3,17 +3,20 @@
 :func:`make_plan` parses the flags, refuses configuration in the environment, validates every
 value, resolves the topology for the launched world size, locates and checks the checkpoint to
 resume from and opens the dataset. A bad input fails here, on each rank alone, with a message and
-without writing anything. ``lerobot-pipe validate`` runs exactly this for the pipeline.
+without writing anything. ``lerobot-pipe validate`` runs exactly this for the pipeline. One
+check waits for the process group, so that the ranks can share it: :func:`verify_resume`, the
+SHA-256 of the checkpoint's files (here only their sizes are checked).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.configs.optim import CosineDecayWithWarmupSchedulerConfig
@@ -47,10 +50,15 @@ from lerobot_pipe.training.checkpoint import (
     checkpoints_dir,
     list_complete_checkpoints,
     newest_usable_checkpoint,
+    read_training_step,
     step_dir_from_path,
     validate_checkpoint_layout,
+    verify_checkpoint_split,
 )
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +75,8 @@ class TrainingPlan:
     resume_from: Path | None = None
     resume_info: dict | None = None
     acknowledged_env: list[str] = field(default_factory=list)
+    # --config_path named the checkpoint: it must verify (an automatic resume falls back).
+    resume_explicit: bool = False
 
     @property
     def start_step(self) -> int:
@@ -198,6 +208,11 @@ def validate_config(cfg: TrainConfig) -> None:
     if cfg.save_freq < 0:
         raise ConfigError(
             f"--save_freq={cfg.save_freq}: must be >= 0 (0 saves only the final step)"
+        )
+    if cfg.checkpoint_keep_last < 0:
+        raise ConfigError(
+            f"--checkpoint_keep_last={cfg.checkpoint_keep_last}: must be >= 0 (0 keeps every "
+            "checkpoint)"
         )
     if cfg.num_workers < 0:
         raise ConfigError(f"--num_workers={cfg.num_workers}: must be >= 0")
@@ -359,10 +374,11 @@ def default_output_dir(cfg: TrainConfig) -> Path:
 
 def _locate_resume(source_step: Path | None, output_dir: Path) -> tuple[Path, dict]:
     """--config_path's checkpoint (it must validate), else the newest complete checkpoint of
-    --output_dir that validates (damaged newer ones are skipped with a warning)."""
+    --output_dir that validates (damaged newer ones are skipped with a warning). File sizes
+    are checked here, their SHA-256 by :func:`verify_resume` once the ranks can share the work."""
     if source_step is not None:
-        return source_step, validate_checkpoint_layout(source_step)
-    found = newest_usable_checkpoint(output_dir)
+        return source_step, validate_checkpoint_layout(source_step, hashes=False)
+    found = newest_usable_checkpoint(output_dir, hashes=False)
     if found is None:
         raise CheckpointError(
             f"--resume=true but {checkpoints_dir(output_dir)} holds no complete, undamaged "
@@ -399,6 +415,51 @@ def _resolve_topology(cfg: TrainConfig, world_size: int) -> ParallelDims:
         raise ConfigError(f"{e}; to resume on {world_size} process(es) pass {fix}") from None
 
 
+def verify_resume(plan: TrainingPlan, group: ProcessGroup | None = None) -> None:
+    """Collective, once the process group exists and before anything is written: verify the
+    SHA-256 of every file of the checkpoint to resume from, each rank a share
+    (:func:`verify_checkpoint_split`). A damaged checkpoint named by --config_path fails; an
+    automatic resume falls back to the newest older complete checkpoint that verifies (updating
+    the plan), saying why."""
+    older = reversed(
+        [
+            p
+            for p in list_complete_checkpoints(plan.output_dir)
+            if read_training_step(p)["step"] < plan.start_step
+        ]
+    )
+    step_dir, info = plan.resume_from, plan.resume_info
+    while step_dir is not None:
+        try:
+            verify_checkpoint_split(step_dir, info, group)
+        except CheckpointError as e:
+            if plan.resume_explicit:
+                raise
+            log.warning(
+                "skipping checkpoint %s: %s; falling back to an earlier one", step_dir.name, e
+            )
+            step_dir, info = _next_usable(older, plan.cfg)
+            continue
+        plan.resume_from, plan.resume_info = step_dir, info
+        return
+    raise CheckpointError(
+        f"--resume=true but {checkpoints_dir(plan.output_dir)} holds no complete, undamaged "
+        "checkpoint; pass --config_path=<step>/pretrained_model/train_config.json or drop --resume"
+    )
+
+
+def _next_usable(candidates: Iterator[Path], cfg: TrainConfig) -> tuple[Path | None, dict | None]:
+    for candidate in candidates:
+        try:
+            info = validate_checkpoint_layout(candidate, hashes=False)
+            _check_resume_compatible(cfg, candidate)
+        except CheckpointError as e:
+            log.warning("skipping checkpoint %s: %s", candidate.name, e)
+            continue
+        return candidate.resolve(), info
+    return None, None
+
+
 def _check_resume_compatible(cfg: TrainConfig, step_dir: Path) -> None:
     saved = read_json(step_dir / C.PRETRAINED_MODEL_DIR / C.CONFIG_NAME, "checkpoint policy config")
     if saved.get("type") != cfg.policy.type:
@@ -433,8 +494,9 @@ def make_plan(
         # validate job says it too); train() takes the lock for real.
         check_run_lock(output_dir)
 
-    resume_from, resume_info = None, None
+    resume_from, resume_info, resume_explicit = None, None, False
     if cfg.resume:
+        resume_explicit = source_step is not None
         resume_from, resume_info = _locate_resume(source_step, output_dir)
         resume_from = resume_from.resolve()
         _check_resume_compatible(cfg, resume_from)
@@ -481,6 +543,7 @@ def make_plan(
         resume_from=resume_from,
         resume_info=resume_info,
         acknowledged_env=acknowledged,
+        resume_explicit=resume_explicit,
     )
 
 

@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim.lr_scheduler import LambdaLR
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.configs.parser import to_dict
@@ -57,16 +56,13 @@ from lerobot_pipe.processors import (
     make_pre_post_processors,
 )
 from lerobot_pipe.training import faults
-from lerobot_pipe.training.checkpoint import (
-    CheckpointContext,
-    load_checkpoint,
-    remove_stale_temporaries,
-    save_checkpoint,
-)
+from lerobot_pipe.training.checkpoint import load_checkpoint, remove_stale_temporaries
+from lerobot_pipe.training.checkpointer import Checkpointer
 from lerobot_pipe.training.optim import make_optimizer, make_scheduler
-from lerobot_pipe.training.plan import TrainingPlan
+from lerobot_pipe.training.plan import TrainingPlan, verify_resume
 from lerobot_pipe.training.progress import Progress
 from lerobot_pipe.training.run_lock import RunLock, RunLockError, acquire_run_lock
+from lerobot_pipe.training.state import TrainState
 
 log = logging.getLogger("lerobot_pipe.train")
 
@@ -85,7 +81,9 @@ def banner(plan: TrainingPlan, env: DistEnv, num_params: tuple[int, int]) -> str
         f"Effective batch size: {cfg.batch_size} x {dims.dp_world_size} dp workers x {ga} grad accum = {eff} "
         f"(topology: dp_replicate={dims.dp_replicate}, dp_shard={dims.dp_shard}, {dims.mode})",
         f"Processes: {env.world_size} ({env.backend or 'no process group'}, device {env.device.type}); "
-        f"precision: {cfg.accelerator.mixed_precision}; checkpoint format: {cfg.checkpoint_format}",
+        f"precision: {cfg.accelerator.mixed_precision}; checkpoint format: {cfg.checkpoint_format}"
+        f"{' (async)' if cfg.checkpoint_async else ''}"
+        f"{f', keeping the last {cfg.checkpoint_keep_last}' if cfg.checkpoint_keep_last else ''}",
         f"Policy: {cfg.policy.type}, {num_params[0]:,} parameters ({num_params[1]:,} trainable); "
         f"dataset: {plan.dataset.root} ({len(plan.dataset)} frames, {plan.dataset.num_episodes} episodes)",
         f"Steps: {cfg.steps} loop steps (micro-batches per worker); save every {cfg.save_freq or 'end'}; "
@@ -96,12 +94,13 @@ def banner(plan: TrainingPlan, env: DistEnv, num_params: tuple[int, int]) -> str
     return "\n".join(lines)
 
 
-def _training_step_record(plan: TrainingPlan, step: int, samples: int) -> dict:
+def _training_step_record(plan: TrainingPlan) -> dict:
+    """training_step.json's fields; ``step`` and ``samples_consumed`` are filled in by each save."""
     cfg, dims = plan.cfg, plan.dims
     return {
-        "step": step,
+        "step": 0,
         "num_processes": dims.world_size,
-        "samples_consumed": samples,
+        "samples_consumed": 0,
         "dp_world_size": dims.dp_world_size,
         "world_size": dims.world_size,
         "batch_size": cfg.batch_size,
@@ -155,25 +154,35 @@ def _explain_resume(plan: TrainingPlan, env: DistEnv) -> int:
     return samples
 
 
-def _write_pretrained_fn(plan: TrainingPlan, policy, trainee, pre, post):
-    def write(directory: Path, full_state: dict | None) -> None:
-        if trainee is not policy:  # PEFT: the adapter only, plus the base's config
-            policy.config.save_pretrained(directory)
-            if full_state is not None:
-                write_adapter(directory, trainee, full_state)
-            else:
-                write_adapter_config(directory, trainee)
-        elif full_state is not None:
-            policy.save_pretrained(directory, state_dict=full_state)
-        else:
-            policy.config.save_pretrained(directory)
-        faults.fault_point("save:after_model_file")
-        pre.save_pretrained(directory)
-        post.save_pretrained(directory)
-        faults.fault_point("save:after_processors")
-        (directory / C.TRAIN_CONFIG_NAME).write_text(json.dumps(to_dict(plan.cfg), indent=4) + "\n")
+@dataclass
+class PolicyFiles:
+    """Writes a checkpoint's pretrained_model/ (the :class:`TrainState`'s ``pretrained``): the
+    policy's config.json and weights (PEFT: the adapter and the base's config), its processors
+    and train_config.json. Reads only what training does not change."""
 
-    return write
+    policy: PreTrainedPolicy
+    trainee: nn.Module
+    pre: PolicyProcessorPipeline
+    post: PolicyProcessorPipeline
+    cfg: Any  # the TrainConfig, written as train_config.json
+
+    def __call__(self, directory: Path, full_state: dict[str, torch.Tensor] | None) -> None:
+        if self.trainee is not self.policy:  # PEFT: the adapter only, plus the base's config
+            self.policy.config.save_pretrained(directory)
+            if full_state is not None:
+                write_adapter(directory, self.trainee, full_state)
+            else:
+                write_adapter_config(directory, self.trainee)
+        elif full_state is not None:
+            self.policy.save_pretrained(directory, state_dict=full_state)
+        else:
+            self.policy.config.save_pretrained(directory)
+        faults.fault_point("save:after_model_file")
+        self.pre.save_pretrained(directory)
+        self.post.save_pretrained(directory)
+        faults.fault_point("save:after_processors")
+        text = json.dumps(to_dict(self.cfg), indent=4) + "\n"
+        (directory / C.TRAIN_CONFIG_NAME).write_text(text)
 
 
 def _loss_normalizers(
@@ -284,15 +293,19 @@ class Session:
 
     policy: PreTrainedPolicy  # the unwrapped policy (config, save_pretrained)
     trainee: nn.Module  # the policy, or its PeftModel wrapper with PEFT
-    model: nn.Module  # what the loop calls: the policy wrapped for the topology
-    optimizer: torch.optim.Optimizer
-    scheduler: LambdaLR | None
-    scaler: torch.amp.GradScaler
+    state: TrainState  # what a checkpoint holds; its progress is where the loop starts
+    checkpointer: Checkpointer
     pre: Any
     post: Any
     ignored: list[nn.Parameter]  # FSDP2-ignored parameters, whose gradients the loop averages
-    start_step: int
-    samples: int  # global samples consumed before start_step
+
+    @property
+    def model(self) -> nn.Module:  # what the loop calls: the policy wrapped for the topology
+        return self.state.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.state.optimizer
 
 
 def make_processors(
@@ -319,6 +332,17 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     """Build policy, processors, wrapping, optimizer, scheduler and scaler; restore a checkpoint
     when resuming (resharding onto this topology). Collective."""
     cfg, dims = plan.cfg, plan.dims
+    checkpointer = Checkpointer(
+        plan.output_dir,
+        total_steps=cfg.steps,
+        checkpoint_format=cfg.checkpoint_format,
+        sharded=dims.is_sharded,
+        run_info=_training_step_record(plan),
+        async_save=cfg.checkpoint_async,
+        keep_last=cfg.checkpoint_keep_last,
+    )
+    if plan.resume_from is not None:  # every rank checks a share of the files, before any write
+        verify_resume(plan, checkpointer.group)
     if env.is_main:
         plan.output_dir.mkdir(parents=True, exist_ok=True)
         for path in remove_stale_temporaries(plan.output_dir):
@@ -357,37 +381,22 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     scaler = make_grad_scaler(env.device, dims, enabled=cfg.accelerator.mixed_precision == "fp16")
     seed_everything(cfg.seed + env.rank)
 
-    start_step, samples = 0, 0
+    state = TrainState(
+        model=model,
+        optimizer=optimizer,
+        pretrained=PolicyFiles(policy, trainee, pre, post, cfg),
+        scheduler=scheduler,
+        scaler=scaler,
+        adapter_key_map=(lambda sd: {adapter_keys[k]: v for k, v in sd.items()})
+        if adapter_keys
+        else None,
+    )
     if plan.resume_from is not None:
-        load_checkpoint(
-            plan.resume_from,
-            model=model,
-            optimizer=optimizer,
-            rank=env.rank,
-            world_size=env.world_size,
-            scheduler=scheduler,
-            scaler=scaler,
-            model_key_map=(lambda sd: {adapter_keys[k]: v for k, v in sd.items()})
-            if adapter_keys
-            else None,
-        )
-        start_step = plan.start_step
-        samples = _explain_resume(plan, env)
+        load_checkpoint(plan.resume_from, state)
+        state.progress.samples_consumed = _explain_resume(plan, env)
     if env.is_main:
         log.info("\n%s", banner(plan, env, (n_params, n_trainable)))
-    return Session(
-        policy,
-        trainee,
-        model,
-        optimizer,
-        scheduler,
-        scaler,
-        pre,
-        post,
-        ignored,
-        start_step,
-        samples,
-    )
+    return Session(policy, trainee, state, checkpointer, pre, post, ignored)
 
 
 def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
@@ -397,14 +406,16 @@ def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
 def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
     cfg, dims = plan.cfg, plan.dims
     ga = cfg.accelerator.gradient_accumulation.steps
+    state, checkpointer = session.state, session.checkpointer
     model, optimizer, scheduler, scaler = (
-        session.model,
-        session.optimizer,
-        session.scheduler,
-        session.scaler,
+        state.model,
+        state.optimizer,
+        state.scheduler,
+        state.scaler,
     )
-    pre, ignored, start_step = session.pre, session.ignored, session.start_step
+    pre, ignored, start_step = session.pre, session.ignored, state.progress.step
     if start_step >= cfg.steps:
+        checkpointer.shutdown()
         if env.is_main:
             log.info(
                 "Checkpoint step %d already reaches --steps=%d: nothing to train",
@@ -420,14 +431,10 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
         dp_rank=env.rank,
         dp_world_size=dims.dp_world_size,
         seed=cfg.seed,
-        start_sample=session.samples,
+        start_sample=state.progress.samples_consumed,
     )
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers, device=env.device)
     metrics = MetricsLog(plan, env.is_main)
-    ctx = CheckpointContext(env.is_main, dims.is_sharded, cfg.checkpoint_format)
-    write_pretrained = _write_pretrained_fn(
-        plan, session.policy, session.trainee, pre, session.post
-    )
     trainable = [p for p in model.parameters() if p.requires_grad]
     progress = Progress(env.is_main, start_step, cfg.steps, cfg.batch_size * dims.dp_world_size)
     autocast = (
@@ -438,7 +445,6 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
     is_ddp = isinstance(model, DistributedDataParallel)
     running = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss sum, count
     window_start, window_samples = time.perf_counter(), 0
-    last_saved = None
     grad_norm = torch.zeros((), device=env.device)
     window: list[dict[str, torch.Tensor]] = []
     try:
@@ -503,23 +509,16 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
             if cfg.save_checkpoint and (
                 (cfg.save_freq > 0 and step % cfg.save_freq == 0) or step == cfg.steps
             ):
-                last_saved = saved = save_checkpoint(
-                    output_dir=plan.output_dir,
-                    step=step,
-                    total_steps=cfg.steps,
-                    model=model,
-                    optimizer=optimizer,
-                    ctx=ctx,
-                    write_pretrained=write_pretrained,
-                    training_step=_training_step_record(plan, step, sampler.samples_consumed),
-                    scheduler=scheduler,
-                    scaler=scaler,
-                )
-                if env.is_main:
-                    log.info("Saved checkpoint %s", last_saved)
+                state.progress.step = step
+                state.progress.samples_consumed = sampler.samples_consumed
+                checkpointer.save(state)
+                # The newest durable checkpoint: this one (sync) or the one before (async).
+                saved = checkpointer.last_saved
                 window_start = time.perf_counter()
             progress.update(step, running, saved)
+        last_saved = checkpointer.close()  # training ends once the last save is durable
     finally:
+        checkpointer.shutdown()  # after an error: still lets the save in flight finish
         prefetcher.close()
         progress.close()
         metrics.close()

@@ -74,6 +74,24 @@ CASES = [
         )
     ],
 ]
+# With --checkpoint_async=true the save of step 4 runs in a background thread while the loop
+# goes on to steps 5 and 6: each point the background path added (staging in the loop, the
+# background's start, after a rank hashed its files, retention mid-delete) on DDP and on FSDP2,
+# on both ranks, and the save's points where it is mid-DCP, written but not renamed, renamed but
+# `last` not moved.
+ASYNC_CASES = [
+    ("ddp", "save:staged", 1),
+    ("fsdp2", "save:staged", 0),
+    ("ddp", "save:persist_begin", 0),
+    ("fsdp2", "save:persist_begin", 1),
+    ("ddp", "save:after_hash", 0),
+    ("fsdp2", "save:after_hash", 1),
+    ("ddp", "save:during_prune", 0),
+    ("fsdp2", "save:during_prune", 0),
+    ("fsdp2", "save:after_model_dcp", 1),
+    ("ddp", "save:before_rename", 0),
+    ("fsdp2", "save:during_last_link", 0),
+]
 SURVIVED: list[str] = []
 
 
@@ -166,7 +184,51 @@ def test_replacing_a_checkpoint_of_the_same_step_never_loses_it(
     SURVIVED.append(f"ddp:replace:{point}")
 
 
+@pytest.mark.parametrize(
+    ("mode", "point", "rank"), ASYNC_CASES, ids=[f"{m}-{p}-rank{r}" for m, p, r in ASYNC_CASES]
+)
+def test_kill_during_a_background_save_and_rerun(
+    reference, dataset_root, tmp_path, mode, point, rank
+):
+    """A trainer killed with a save in flight: that save is abandoned (no complete-looking
+    checkpoint, the earlier ones intact), the next start removes what it left, the rerun ends
+    as an uninterrupted run. At ``save:during_prune`` (--checkpoint_keep_last=1) step 4 is
+    complete and step 2 half-deleted under a temporary name."""
+    out = tmp_path / "out"
+    prune = point == "save:during_prune"
+    keep = ["--checkpoint_keep_last=1"] if prune else []
+    argv = [*_flags(dataset_root, mode, out), "--checkpoint_async=true", *keep]
+    with pytest.raises((RuntimeError, queue.Empty)):
+        run_distributed(
+            run_train,
+            2,
+            argv,
+            env={"LEROBOT_PIPE_FAULT_POINT": f"{point}@4:rank{rank}"},
+            timeout=90,
+        )
+
+    complete = {p.name: (_digest(p), p.stat().st_ino) for p in list_complete_checkpoints(out)}
+    if prune:
+        expected = {"000004"}
+    else:
+        expected = {"000002", "000004"} if point in AFTER_RENAME else {"000002"}
+    assert set(complete) == expected, (point, sorted(complete))
+
+    run_distributed(run_train, 2, ["--resume=true", *argv])
+    for name, (digest, inode) in complete.items():
+        step = out / "checkpoints" / name
+        if step.exists() or not prune:  # retention may delete it once step 6 is complete
+            assert step.stat().st_ino == inode and _digest(step) == digest, name
+    final = load_file(out / "checkpoints/000006/pretrained_model/model.safetensors")
+    assert final.keys() == reference[mode].keys()
+    assert all(torch.equal(final[k], reference[mode][k]) for k in final), "final weights differ"
+    assert not list((out / "checkpoints").glob(".*")), "temporaries left behind"
+    kept = ["000006"] if prune else ["000002", "000004", "000006"]
+    assert [p.name for p in list_complete_checkpoints(out)] == kept
+    SURVIVED.append(f"async:{mode}:{point}:rank{rank}")
+
+
 def test_report_points_tried_and_survived():
-    tried = len(CASES) + 2
+    tried = len(CASES) + 2 + len(ASYNC_CASES)
     print(f"\nkill-anywhere: {len(SURVIVED)} of {tried} fault points survived")
     assert len(SURVIVED) == tried >= 20

@@ -62,6 +62,12 @@ CASES = [
         {},
         "must be a multiple of",
     ),
+    (
+        "keep-last-negative",
+        ["--checkpoint_keep_last=-1"],
+        {},
+        "--checkpoint_keep_last=-1: must be >= 0",
+    ),
     ("mixed-precision", ["--accelerator.mixed_precision=fp8"], {}, "choose one of no, fp16, bf16"),
     (
         "checkpoint-format",

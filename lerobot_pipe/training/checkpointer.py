@@ -1,0 +1,462 @@
+"""Saving a :class:`~lerobot_pipe.training.state.TrainState` under ``checkpoints/``, in the
+training loop or in the background, with the same bytes either way.
+
+A save has two halves:
+
+* **snapshot** (in the loop, collective on the training process group): the gathers that are
+  collectives (the full model for ``model.safetensors``, the full optimizer state for
+  ``optimizer_state.safetensors``), the local DCP state dicts, this rank's RNG state and the
+  small JSON values. With ``--checkpoint_async=true`` every tensor the loop would go on to
+  change is copied to CPU memory here (pinned on CUDA; allocated by DCP's ``DefaultStager`` at
+  the first save, then refilled in place): this copy is the loop's only stall.
+* **persist** (a background thread with async saves, else inline): each rank writes its DCP
+  shards, the RNG states are gathered, the main rank writes its files; each rank fsyncs and
+  hashes what it wrote (:mod:`~lerobot_pipe.training.manifest`); the hashes are gathered to the
+  main rank, which writes training_step.json, renames the folder into place, moves ``last`` and
+  applies retention; then every rank learns the outcome. The collectives of this half run on a
+  gloo process group of their own: CPU collectives (next to nccl on GPU), never interleaved
+  with the loop's.
+
+At most one save is in flight: the next save, the end of training (:meth:`Checkpointer.close`)
+and a clean shutdown after an error (:meth:`Checkpointer.shutdown`) wait for it. A killed
+trainer's save in flight leaves only its ``.tmp-<step>/``, which the next start removes.
+
+Why not ``dcp.async_save``: one checkpoint of this layout is up to two DCP folders plus the main
+rank's files plus a manifest collective and the publication, which must follow all of them in
+one order on every rank; ``async_save`` runs each DCP save in its own executor thread with its
+own collectives and returns a future per folder, with no place for the hashing and publication.
+So the background thread here calls DCP's public ``dcp.save`` with a ``StorageWriter``
+subclass, and staging uses the ``DefaultStager`` that ``async_save`` itself uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch import nn
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.tensor import DTensor
+
+from lerobot_pipe import constants as C
+from lerobot_pipe.distributed.runtime import barrier, gather_objects
+from lerobot_pipe.fsutil import fsync_path
+from lerobot_pipe.training.checkpoint import (
+    CheckpointError,
+    checkpoints_dir,
+    flatten_rng_states,
+    flatten_tensors,
+    fsync_folders,
+    gather_full_model_state,
+    gather_full_optimizer_state,
+    index_optimizer_state,
+    prune_checkpoints,
+    publish_step_folder,
+    scaler_state,
+    step_folder_name,
+    update_last_link,
+    write_json_atomic,
+)
+from lerobot_pipe.training.faults import fault_point, saving_step
+from lerobot_pipe.training.manifest import HashingFileSystemWriter, file_entry, ordered
+from lerobot_pipe.training.state import PretrainedWriter, TrainState
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that failed on some rank (a full disk, a lost peer); nothing of it became visible."""
+
+
+@dataclass
+class _Snapshot:
+    """One save's state, taken in the loop; the main rank's parts are None elsewhere."""
+
+    step: int
+    tmp: Path
+    final: Path
+    record: dict
+    model_dcp: dict | None = None
+    optimizer_dcp: dict | None = None
+    full_model: dict[str, torch.Tensor] | None = None
+    optimizer_flat: dict[str, torch.Tensor] | None = None
+    param_groups: list | None = None
+    rng: dict[str, torch.Tensor] | None = None  # this rank's generators
+    scheduler: dict | None = None
+    scaler: dict | None = None
+
+
+class Checkpointer:
+    """Writes complete checkpoints of one run (the contract of
+    :mod:`~lerobot_pipe.training.checkpoint`). Every rank builds one (collective: it creates
+    the save's process group) and calls :meth:`save` at the same steps.
+
+    ``run_info`` is training_step.json without the manifest; its ``step`` and
+    ``samples_consumed`` are replaced by the state's progress at each save.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        *,
+        total_steps: int,
+        checkpoint_format: str,
+        sharded: bool,
+        run_info: dict,
+        async_save: bool = False,
+        keep_last: int = 0,
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.root = checkpoints_dir(output_dir)
+        self.total_steps = total_steps
+        self.write_safetensors = checkpoint_format in ("safetensors", "safetensors_dcp")
+        self.write_dcp = checkpoint_format in ("dcp", "safetensors_dcp")
+        self.sharded = sharded
+        self.run_info = run_info
+        self.keep_last = keep_last
+        self.distributed = dist.is_initialized()
+        self.is_main = not self.distributed or dist.get_rank() == 0
+        self.group = dist.new_group(backend="gloo") if self.distributed else None
+        self._stager: DefaultStager | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        if async_save:
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=False,  # the loop may change the state once save returns
+                    use_non_blocking_copy=cuda,
+                )
+            )
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._staged: dict[tuple, torch.Tensor] | None = None  # reused from save to save
+        self._pending: Future | None = None
+        self.last_saved: Path | None = None
+        self.staged_bytes = 0  # bytes this rank copied for the last async save
+        self.last_duration_s = 0.0  # the last save, from save() until complete on every rank
+
+    # ------------------------------------------------------------------ the loop's side
+
+    def save(self, state: TrainState) -> None:
+        """Collective: checkpoint ``state`` at ``state.progress.step``. Synchronous saves return
+        when the checkpoint is complete; async ones once the state is staged (the previous save,
+        if still in flight, is waited for first)."""
+        self.wait()
+        start = time.perf_counter()
+        snapshot = self._snapshot(state)
+        if self._worker is None:
+            self.last_saved = self._persist(snapshot, state.pretrained, start)
+            return
+        if self.is_main:
+            log.info(
+                "Checkpoint %s staged in %.2fs (%.1f MB on this rank); writing in the background",
+                snapshot.final.name,
+                time.perf_counter() - start,
+                self.staged_bytes / 1e6,
+            )
+        self._pending = self._worker.submit(self._persist, snapshot, state.pretrained, start)
+
+    def wait(self) -> Path | None:
+        """Block until the save in flight is complete on every rank (re-raising its failure);
+        return the newest checkpoint this run completed."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.last_saved = pending.result()
+        return self.last_saved
+
+    def close(self) -> Path | None:
+        """The end of training: wait for the last save, release the background thread."""
+        try:
+            return self.wait()
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Release the background thread, after the save in flight finished (a clean shutdown
+        keeps it); its failure is logged, not raised: an error is already on its way."""
+        if self._pending is not None:
+            try:
+                self.wait()
+            except Exception as e:  # noqa: BLE001 - reported, the original error propagates
+                log.warning("the checkpoint save in flight failed too: %s", e)
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+        self._staged = None
+
+    # ------------------------------------------------------------------ snapshot (in the loop)
+
+    def _snapshot(self, state: TrainState) -> _Snapshot:
+        step = state.progress.step
+        name = step_folder_name(step, self.total_steps)
+        tmp = self.root / f"{C.TMP_CHECKPOINT_PREFIX}{name}"
+        if self.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / C.PRETRAINED_MODEL_DIR).mkdir(parents=True)
+            (tmp / C.TRAINING_STATE_DIR).mkdir()
+        barrier()
+        fault_point("save:begin")
+        record = {**self.run_info, "step": step, **state.progress.state_dict()}
+        snap = _Snapshot(step=step, tmp=tmp, final=self.root / name, record=record)
+        model, optimizer = state.model, state.optimizer
+        if self.write_safetensors:
+            full = gather_full_model_state(model)  # collective; empty on ranks other than 0
+            snap.full_model = full if self.is_main else None
+        if self.write_dcp:
+            snap.model_dcp = get_model_state_dict(model)
+        if self.sharded:
+            osd = get_optimizer_state_dict(model, optimizer)
+            snap.optimizer_dcp = {"optimizer": osd["state"]}
+            param_groups = osd["param_groups"]
+        else:
+            osd = gather_full_optimizer_state(model, optimizer)  # empty on ranks other than 0
+            param_groups = None
+            if self.is_main:
+                numbered, param_groups = index_optimizer_state(osd)
+                snap.optimizer_flat = flatten_tensors({"state": numbered})
+        del osd
+        snap.rng = state.rng.state_dict()  # this rank's; gathered by the writer
+        if self.is_main:
+            snap.param_groups = copy.deepcopy(param_groups)
+            if state.scheduler is not None:
+                snap.scheduler = copy.deepcopy(state.scheduler.state_dict())
+            if state.saves_scaler:
+                snap.scaler = scaler_state(state.scaler)
+        if self._stager is not None:
+            self._stage(snap, model, optimizer)
+        fault_point("save:staged")
+        return snap
+
+    def _stage(self, snap: _Snapshot, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Copy to CPU memory what the background writer must not read live: every tensor on an
+        accelerator, and every CPU tensor whose storage the loop writes into (trainable
+        parameters, buffers, optimizer state: the DCP state dicts are views of them, and so is a
+        gather on one CPU process). Fresh CPU tensors (a gather's output elsewhere) and frozen
+        parameters are a snapshot already and are not copied again."""
+        assert self._stager is not None
+        live = _live_storages(model, optimizer)
+        trees = {
+            attr: getattr(snap, attr)
+            for attr in ("model_dcp", "optimizer_dcp", "full_model", "optimizer_flat")
+            if getattr(snap, attr) is not None
+        }
+        wanted = _tensor_paths(trees, lambda t: not t.is_cpu or _storage(t) in live)
+        staged = self._staged
+        if staged is not None and _same_layout(staged, wanted):
+            # The previous save's copies (finished: at most one save in flight) take the new
+            # values: a plain copy per tensor instead of rebuilding every (D)Tensor wrapper.
+            cuda = torch.cuda.is_available()
+            for path, tensor in wanted.items():
+                _local(staged[path]).copy_(_local(tensor), non_blocking=cuda)
+            if cuda:
+                torch.cuda.synchronize()
+        else:  # first save: allocate (pinned on CUDA); one call keeps shared storage shared
+            staged = self._staged = self._stager.stage(wanted)
+        # New dicts along the way: the state dicts hold the optimizer's own per-parameter dicts.
+        for attr, tree in _with(trees, staged).items():
+            setattr(snap, attr, tree)
+        self.staged_bytes = sum(_tensor_bytes(t) for t in staged.values())
+
+    # ------------------------------------------------------------------ persist (background)
+
+    def _persist(self, snap: _Snapshot, pretrained: PretrainedWriter, start: float) -> Path:
+        """Every rank: write, fsync and hash this rank's files; the main rank assembles the
+        manifest and publishes; every rank returns the outcome. Runs on ``self.group`` only."""
+        with saving_step(snap.step):
+            problem = None
+            files: dict[str, dict] = {}
+            try:
+                fault_point("save:persist_begin")
+                files = self._write(snap, pretrained)
+                fault_point("save:after_hash")
+            except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
+                log.exception("checkpoint %s: writing failed", snap.final.name)
+                problem = f"{type(e).__name__}: {e}"
+            parts = gather_objects((files, problem), group=self.group)
+            outcome = None
+            if self.is_main:
+                outcome = next(
+                    (f"rank {r}: {p}" for r, (_, p) in enumerate(parts) if p is not None), None
+                )
+                if outcome is None:
+                    try:
+                        self._publish(snap, {k: v for f, _ in parts for k, v in f.items()})
+                    except Exception as e:  # noqa: BLE001 - reported to every rank
+                        log.exception("checkpoint %s: publishing failed", snap.final.name)
+                        outcome = f"rank 0: {type(e).__name__}: {e}"
+            outcome = _broadcast(outcome, self.group)
+        if outcome is not None:
+            raise CheckpointSaveError(
+                f"saving checkpoint {snap.final.name} failed ({outcome}); the earlier "
+                f"checkpoints are intact and {snap.tmp.name}/ is removed at the next start"
+            )
+        self.last_duration_s = time.perf_counter() - start
+        if self.is_main:
+            log.info("Saved checkpoint %s (%.2fs)", snap.final, self.last_duration_s)
+        return snap.final
+
+    def _write(self, snap: _Snapshot, pretrained: PretrainedWriter) -> dict[str, dict]:
+        """This rank's files of the checkpoint, written, fsynced and hashed. The collectives
+        first (DCP's, the RNG gather): they then run on every rank whatever fails later on the
+        main rank alone (a DCP failure fails every rank)."""
+        model_dir = snap.tmp / C.PRETRAINED_MODEL_DIR
+        state_dir = snap.tmp / C.TRAINING_STATE_DIR
+        files: dict[str, dict] = {}
+        if snap.model_dcp is not None:
+            files.update(self._dcp_save(snap.model_dcp, model_dir / C.MODEL_DCP_DIR, snap.tmp))
+            snap.model_dcp = None
+            fault_point("save:after_model_dcp")
+        if snap.optimizer_dcp is not None:
+            files.update(
+                self._dcp_save(snap.optimizer_dcp, state_dir / C.OPTIMIZER_DCP_DIR, snap.tmp)
+            )
+            snap.optimizer_dcp = None
+        rng_states = gather_objects(snap.rng, group=self.group)
+        if self.is_main:
+            pretrained(model_dir, snap.full_model)
+            snap.full_model = None
+        fault_point("save:after_pretrained")
+        if snap.optimizer_flat is not None:
+            save_file(snap.optimizer_flat, state_dir / C.OPTIMIZER_STATE)
+            snap.optimizer_flat = None
+        fault_point("save:after_optimizer")
+        if not self.is_main:
+            return files
+        write_json_atomic(state_dir / C.OPTIMIZER_PARAM_GROUPS, snap.param_groups)
+        fault_point("save:after_param_groups")
+        save_file(flatten_rng_states(rng_states), state_dir / C.RNG_STATE)
+        fault_point("save:after_rng")
+        if snap.scheduler is not None:
+            write_json_atomic(state_dir / C.SCHEDULER_STATE, snap.scheduler)
+            fault_point("save:after_scheduler")
+        if snap.scaler is not None:
+            write_json_atomic(state_dir / C.SCALER_STATE, snap.scaler)
+            fault_point("save:after_scaler")
+        for folder in (model_dir, state_dir):
+            for path in sorted(p for p in folder.iterdir() if p.is_file()):
+                fsync_path(path)
+                files[path.relative_to(snap.tmp).as_posix()] = file_entry(path)
+        return files
+
+    def _dcp_save(self, state_dict: dict, folder: Path, root: Path) -> dict[str, dict]:
+        writer = HashingFileSystemWriter(folder, root)
+        with warnings.catch_warnings():  # a single-process save is intended, not a fallback
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(
+                state_dict,
+                storage_writer=writer,
+                process_group=self.group,
+                no_dist=not self.distributed,
+            )
+        return writer.files
+
+    def _publish(self, snap: _Snapshot, files: dict[str, dict]) -> None:
+        """Main rank, once every rank's files are durable: training_step.json with the manifest,
+        the atomic rename, ``last``, retention."""
+        on_disk = {p.relative_to(snap.tmp).as_posix() for p in snap.tmp.rglob("*") if p.is_file()}
+        if on_disk != set(files):
+            raise CheckpointError(
+                f"{snap.tmp} holds files no rank hashed ({sorted(on_disk - set(files))}) or "
+                f"misses hashed ones ({sorted(set(files) - on_disk)})"
+            )
+        fsync_folders(snap.tmp)
+        fault_point("save:before_training_step")
+        state_dir = snap.tmp / C.TRAINING_STATE_DIR
+        write_json_atomic(state_dir / C.TRAINING_STEP, {**snap.record, "files": ordered(files)})
+        fsync_path(state_dir)
+        fault_point("save:before_rename")
+        publish_step_folder(snap.tmp, snap.final)
+        fault_point("save:before_last_link")
+        update_last_link(self.root, snap.final.name)
+        fault_point("save:end")
+        for removed in prune_checkpoints(self.output_dir, self.keep_last):
+            log.info(
+                "Removed checkpoint %s (--checkpoint_keep_last=%d)", removed.name, self.keep_last
+            )
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _storage(t: torch.Tensor) -> int:
+    return _local(t).untyped_storage().data_ptr()
+
+
+def _live_storages(model: nn.Module, optimizer: torch.optim.Optimizer) -> set[int]:
+    """The storages the training loop writes into."""
+    tensors = [p for p in model.parameters() if p.requires_grad] + list(model.buffers())
+    tensors += [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    return {_storage(t) for t in tensors}
+
+
+def _tensor_paths(
+    tree: dict, wanted: Callable[[torch.Tensor], bool], prefix: tuple = ()
+) -> dict[tuple, torch.Tensor]:
+    """{key path: tensor} of every tensor in nested dicts that ``wanted`` selects."""
+    found = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            found.update(_tensor_paths(value, wanted, (*prefix, key)))
+        elif torch.is_tensor(value) and wanted(value):
+            found[(*prefix, key)] = value
+    return found
+
+
+def _same_layout(staged: dict[tuple, torch.Tensor], tensors: dict[tuple, torch.Tensor]) -> bool:
+    """Whether ``staged`` (copies of an earlier save's tensors) can take ``tensors``' values."""
+    if staged.keys() != tensors.keys():
+        return False
+    for path, tensor in tensors.items():
+        old = staged[path]
+        if type(old) is not type(tensor) or old.dtype != tensor.dtype:
+            return False
+        if isinstance(tensor, DTensor) and (
+            old.shape != tensor.shape
+            or old.placements != tensor.placements
+            or old.device_mesh != tensor.device_mesh
+        ):
+            return False
+        if _local(old).shape != _local(tensor).shape:
+            return False
+    return True
+
+
+def _with(tree: dict, replacements: dict[tuple, Any], prefix: tuple = ()) -> dict:
+    """A copy of nested dicts (the dicts only) with the values at ``replacements``' paths."""
+    return {
+        key: _with(value, replacements, (*prefix, key))
+        if isinstance(value, dict)
+        else replacements.get((*prefix, key), value)
+        for key, value in tree.items()
+    }
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    local = _local(t)
+    return local.numel() * local.element_size()
+
+
+def _broadcast(value: Any, group: dist.ProcessGroup | None) -> Any:
+    if group is None:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]

@@ -1,0 +1,175 @@
+"""Asynchronous checkpoints (--checkpoint_async=true) against synchronous ones, on real 2-rank
+runs: the same bytes, the same resumed run, never two saves at once, training that ends only
+once its last save is durable; and retention (--checkpoint_keep_last)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+
+import pytest
+from launch import run_distributed
+from tiny import WITH_SCHEDULER, run_train, tiny_act_flags
+
+from lerobot_pipe.training.checkpoint import (
+    is_complete,
+    list_complete_checkpoints,
+    prune_checkpoints,
+)
+
+MODES = {
+    "ddp": ["--checkpoint_format=safetensors"],
+    "fsdp2": ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"],
+}
+TRAIN_CONFIG = "pretrained_model/train_config.json"
+TRAINING_STEP = "training_state/training_step.json"
+
+
+def _flags(dataset_root, out, **overrides):
+    flags = tiny_act_flags(
+        **{
+            "dataset.root": dataset_root,
+            "steps": 4,
+            "save_freq": 2,
+            "batch_size": 4,
+            **WITH_SCHEDULER,
+            **overrides,
+        }
+    )
+    return [*flags, f"--output_dir={out}"]
+
+
+def _contents(step_dir, ignore=("checkpoint_async",)):
+    """Every file's bytes; train_config.json without the flags it records that differ on
+    purpose (``ignore``), and the manifest without its entry."""
+    files = {
+        p.relative_to(step_dir).as_posix(): p.read_bytes()
+        for p in sorted(step_dir.rglob("*"))
+        if p.is_file()
+    }
+    config = json.loads(files.pop(TRAIN_CONFIG))
+    for key in ignore:
+        config.pop(key, None)
+    info = json.loads(files.pop(TRAINING_STEP))
+    info["files"].pop(TRAIN_CONFIG)
+    return files, config, info
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_async_writes_the_same_bytes_and_resumes_the_same(dataset_root, tmp_path, mode):
+    out = tmp_path / "out"  # both runs in the same place: DCP's metadata records the path
+    argv = [*_flags(dataset_root, out), *MODES[mode]]
+    run_distributed(run_train, 2, argv)
+    shutil.move(out, tmp_path / "sync")
+    run_distributed(run_train, 2, [*argv, "--checkpoint_async=true"])
+    for step in ("000002", "000004"):
+        sync, asynchronous = tmp_path / "sync/checkpoints" / step, out / "checkpoints" / step
+        assert _contents(asynchronous) == _contents(sync), step
+    info = json.loads((out / "checkpoints/000004" / TRAINING_STEP).read_text())
+    on_disk = {
+        p.relative_to(out / "checkpoints/000004").as_posix()
+        for p in (out / "checkpoints/000004").rglob("*")
+        if p.is_file()
+    }
+    assert set(info["files"]) == on_disk - {TRAINING_STEP}  # the assembled manifest is whole
+    written = json.loads((out / "checkpoints/000004" / TRAIN_CONFIG).read_text())
+    assert written["checkpoint_async"] is True
+    default = json.loads((tmp_path / "sync/checkpoints/000004" / TRAIN_CONFIG).read_text())
+    assert "checkpoint_async" not in default  # LeRobot 0.6.1 decodes it: not written at default
+    if mode == "fsdp2":
+        # Resumed from step 2 in the background mode, step 4 comes out as the uninterrupted
+        # synchronous run's (it replaces the step-4 checkpoint of the same run).
+        step2 = out / "checkpoints/000002"
+        run_distributed(
+            run_train,
+            2,
+            ["--resume=true", f"--config_path={step2}", *argv, "--checkpoint_async=true"],
+        )
+        ignore = ("checkpoint_async", "resume")
+        resumed = _contents(out / "checkpoints/000004", ignore)
+        assert resumed == _contents(tmp_path / "sync/checkpoints/000004", ignore)
+
+
+class _SaveObserver(logging.Handler):
+    """Looks at the checkpoint folder each time a save is staged (a log record of the loop)."""
+
+    def __init__(self, ckpts):
+        super().__init__()
+        self.ckpts = ckpts
+        self.seen: list[tuple[str, list[str], list[str]]] = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("Checkpoint ") and "staged" in message:
+            name = message.split()[1]
+            temporaries = sorted(p.name for p in self.ckpts.glob(".tmp-*"))
+            complete = [p.name for p in list_complete_checkpoints(self.ckpts.parent)]
+            self.seen.append((name, temporaries, complete))
+
+
+def _slow_saves(argv, out):
+    handler = _SaveObserver(out / "checkpoints")
+    logger = logging.getLogger("lerobot_pipe.training.checkpointer")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    start = time.perf_counter()
+    final = run_train(argv)
+    elapsed = time.perf_counter() - start
+    # Right when training returns, on every rank: the last save is complete and `last` is moved.
+    durable = is_complete(out / "checkpoints/000004") and (
+        os.readlink(out / "checkpoints/last") == "000004"
+    )
+    return {"final": final, "elapsed": elapsed, "seen": handler.seen, "durable": durable}
+
+
+def test_a_slow_background_save_never_overlaps_the_next(dataset_root, tmp_path):
+    out = tmp_path / "out"
+    argv = [*_flags(dataset_root, out, save_freq=1), *MODES["ddp"], "--checkpoint_async=true"]
+    delay = 0.8  # each background save sleeps this long just before its rename
+    results = run_distributed(
+        _slow_saves,
+        2,
+        argv,
+        out,
+        env={"LEROBOT_PIPE_FAULT_DELAY": f"save:before_rename:rank0={delay}"},
+    )
+    main = results[0]
+    assert [name for name, _, _ in main["seen"]] == ["000001", "000002", "000003", "000004"]
+    for i, (name, temporaries, complete) in enumerate(main["seen"]):
+        # Staging a save found the previous one finished: only its own temporary folder exists.
+        assert temporaries == [f".tmp-{name}"], (name, temporaries)
+        assert complete == [f"{s:06d}" for s in range(1, i + 1)], (name, complete)
+    assert all(r["durable"] for r in results), "training returned before its last save was durable"
+    assert main["elapsed"] >= 4 * delay  # the loop waited for each slow save
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+
+
+def test_keep_last_keeps_the_newest_complete_checkpoints(dataset_root, tmp_path):
+    out = tmp_path / "out"
+    run_train(_flags(dataset_root, out, save_freq=1, checkpoint_keep_last=2))
+    ckpts = out / "checkpoints"
+    assert [p.name for p in list_complete_checkpoints(out)] == ["000003", "000004"]
+    assert os.readlink(ckpts / "last") == "000004"
+    assert not list(ckpts.glob(".tmp-*"))
+    config = json.loads((ckpts / "000004" / TRAIN_CONFIG).read_text())
+    assert config["checkpoint_keep_last"] == 2 and "checkpoint_async" not in config
+    # Resumed with the default (keep all): nothing more is deleted.
+    run_train(["--resume=true", *_flags(dataset_root, out, steps=5, save_freq=1)])
+    assert [p.name for p in list_complete_checkpoints(out)] == ["000003", "000004", "000005"]
+
+
+def test_retention_never_deletes_what_last_points_to(tmp_path):
+    ckpts = tmp_path / "checkpoints"
+    for step in range(1, 5):
+        state = ckpts / f"{step:06d}" / "training_state"
+        state.mkdir(parents=True)
+        (state / "training_step.json").write_text(json.dumps({"step": step}))
+    (ckpts / "last").symlink_to("000002")  # resumed from step 2 (explicit --config_path)
+    assert prune_checkpoints(tmp_path, 0) == []
+    removed = prune_checkpoints(tmp_path, 1)
+    assert [p.name for p in removed] == ["000001", "000003"]
+    assert [p.name for p in list_complete_checkpoints(tmp_path)] == ["000002", "000004"]
+    assert sorted(p.name for p in ckpts.iterdir()) == ["000002", "000004", "last"]
