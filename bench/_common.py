@@ -59,8 +59,14 @@ ACT_SIZES: dict[str, dict] = {
 
 
 def policy_flags(size: str | dict) -> dict[str, object]:
+    """lerobot-train flags of an ACT size; a camera backbone starts from random weights (no
+    ImageNet download in a benchmark)."""
     fields = ACT_SIZES[size] if isinstance(size, str) else size
-    return {"policy.type": "act", **{f"policy.{k}": v for k, v in fields.items()}}
+    return {
+        "policy.type": "act",
+        "policy.pretrained_backbone_weights": "null",
+        **{f"policy.{k}": v for k, v in fields.items()},
+    }
 
 
 def argv_from(flags: dict[str, object]) -> list[str]:
@@ -86,10 +92,22 @@ def bench_tmp(name: str) -> Path:
     return path
 
 
-def synthetic_dataset(root: Path, num_episodes: int = 50, episode_length: int = 100) -> Path:
+def synthetic_dataset(
+    root: Path, num_episodes: int = 50, episode_length: int = 100, camera_size: int = 0
+) -> Path:
+    """The synthetic reaching dataset; with ``camera_size`` > 0 one ``top`` camera of that size
+    (AV1 video, as LeRobot records cameras)."""
     from lerobot_pipe.datasets import write_synthetic_dataset
 
-    return write_synthetic_dataset(root, num_episodes=num_episodes, episode_length=episode_length)
+    cameras = ("top",) if camera_size else ()
+    size = camera_size or 64
+    return write_synthetic_dataset(
+        root,
+        num_episodes=num_episodes,
+        episode_length=episode_length,
+        cameras=cameras,
+        image_size=size,
+    )
 
 
 def act_policy_and_data(
@@ -107,7 +125,7 @@ def act_policy_and_data(
     from lerobot_pipe.processors import make_pre_post_processors
 
     fields = ACT_SIZES[size] if isinstance(size, str) else size
-    cfg = ACTConfig(**fields)
+    cfg = ACTConfig(**{"pretrained_backbone_weights": None, **fields})
     ds = LeRobotDataset(
         dataset_root, delta_timestamps={"action": [i / 10 for i in cfg.action_delta_indices]}
     )

@@ -1,13 +1,17 @@
 """Steps/s of lerobot-train's real loop vs a bare PyTorch loop on the same model and data.
 
     .venv/bin/python bench/bench_trainer_overhead.py [--reps 5] [--steps 40] [--no-profile]
+    .venv/bin/python bench/bench_trainer_overhead.py --camera 96   # one 96x96 AV1 camera, ResNet-18
 
 A: ``make_plan`` + ``train`` in this process (single process, no process group), once with
 ``--num_workers=0`` and once with the default ``num_workers`` (a prefetch thread), ``log_freq`` =
 ``steps`` (one log record, at the end), ``save_checkpoint=false``. Steps/s is read from the loop's
 own ``samples_per_s`` (timed from just before the first step to the end of the last).
 B: the same ACTPolicy config, batch, dataset.get_batch + GlobalBatchSampler + normalizer
-preprocessor, AdamW (the ACT preset lr / weight decay) and grad clip 10, timed the same way.
+preprocessor, AdamW over the policy's parameter groups (the ACT preset lr / weight decay, the
+backbone's lr) and grad clip 10, timed the same way. With ``--camera N`` the dataset has one
+N x N camera (decoded from AV1 by both sides: the trainer in its loader threads, the bare loop
+inline) and ACT its ResNet-18 backbone (random initial weights).
 
 Runs alternate A0, A4, B (rotating which goes first) ``--reps`` times; medians are reported.
 Afterwards a cProfile pass of each (unless ``--no-profile``) prints where the trainer's extra
@@ -36,16 +40,19 @@ from lerobot_pipe.training.train import train
 TARGET = 0.95
 SIZE = "medium"
 BATCH = 32
+CAMERA_BATCH = 8
 SEED = 1000
 
 
-def trainer_run(root: Path, tmp: Path, steps: int, num_workers: int | None, tag: str) -> dict:
+def trainer_run(
+    root: Path, tmp: Path, steps: int, num_workers: int | None, tag: str, batch: int = BATCH
+) -> dict:
     out = tmp / f"out-{tag}-{time.monotonic_ns()}"
     flags = {
         "dataset.root": root,
         "output_dir": out,
         **c.policy_flags(SIZE),
-        "batch_size": BATCH,
+        "batch_size": batch,
         "steps": steps,
         "log_freq": steps,
         "save_checkpoint": False,
@@ -57,7 +64,7 @@ def trainer_run(root: Path, tmp: Path, steps: int, num_workers: int | None, tag:
     train(plan)
     wall = time.perf_counter() - t0
     rec = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    steps_per_s = rec["samples_per_s"] / BATCH
+    steps_per_s = rec["samples_per_s"] / batch
     return {
         "steps_per_s": steps_per_s,
         "loop_s": steps / steps_per_s,
@@ -67,13 +74,17 @@ def trainer_run(root: Path, tmp: Path, steps: int, num_workers: int | None, tag:
     }
 
 
-def bare_run(root: Path, steps: int) -> dict:
+def bare_run(root: Path, steps: int, batch: int = BATCH) -> dict:
     t0 = time.perf_counter()
-    policy, ds, sampler, pre = c.act_policy_and_data(SIZE, root, BATCH, seed=SEED)
+    policy, ds, sampler, pre = c.act_policy_and_data(SIZE, root, batch, seed=SEED)
     preset = policy.config.get_optimizer_preset()
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
-        params, lr=preset["lr"], betas=(0.9, 0.999), eps=1e-8, weight_decay=preset["weight_decay"]
+        policy.get_optim_params(),
+        lr=preset.lr,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=preset.weight_decay,
     )
     torch.manual_seed(SEED)
     running = torch.zeros((), dtype=torch.float64)
@@ -96,7 +107,7 @@ def bare_run(root: Path, steps: int) -> dict:
     }
 
 
-def profile_diff(root: Path, tmp: Path, steps: int, top: int) -> None:
+def profile_diff(root: Path, tmp: Path, steps: int, top: int, batch: int) -> None:
     """cProfile each variant once; print the functions whose own time grows most in the trainer."""
 
     def prof(fn) -> dict:
@@ -109,9 +120,9 @@ def profile_diff(root: Path, tmp: Path, steps: int, top: int) -> None:
             f"{Path(k[0]).name}:{k[1]}({k[2]})": (v[2], v[0]) for k, v in st.stats.items()
         }  # tottime, primitive calls
 
-    bare = prof(lambda: bare_run(root, steps))
+    bare = prof(lambda: bare_run(root, steps, batch))
     for nw in (0, None):
-        trainer = prof(lambda nw=nw: trainer_run(root, tmp, steps, nw, "prof"))
+        trainer = prof(lambda nw=nw: trainer_run(root, tmp, steps, nw, "prof", batch))
         label = "num_workers=0" if nw == 0 else "num_workers=default"
         extra = []
         for name, (tt, calls) in trainer.items():
@@ -133,26 +144,32 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--profile-top", type=int, default=15)
+    ap.add_argument("--camera", type=int, default=0, help="one camera of this size (0: none)")
     args = ap.parse_args()
 
     tmp = c.bench_tmp("trainer_overhead")
-    root = c.synthetic_dataset(tmp / "dataset")
-    policy, *_ = c.act_policy_and_data(SIZE, root, BATCH)
+    if args.camera:
+        root = c.synthetic_dataset(tmp / f"dataset-cam{args.camera}", 20, 50, args.camera)
+    else:
+        root = c.synthetic_dataset(tmp / "dataset")
+    batch = CAMERA_BATCH if args.camera else BATCH
+    policy, *_ = c.act_policy_and_data(SIZE, root, batch)
+    camera = f"one {args.camera}x{args.camera} AV1 camera, ResNet-18; " if args.camera else ""
     print(
-        f"model: ACT {SIZE} {c.ACT_SIZES[SIZE]}, {c.n_params(policy):,} params; batch {BATCH}; "
+        f"model: ACT {SIZE} {c.ACT_SIZES[SIZE]}, {c.n_params(policy):,} params; {camera}batch {batch}; "
         f"{args.steps} steps x {args.reps} reps; torch {torch.__version__}, "
         f"{torch.get_num_threads()} thread(s); {c.machine_load()}"
     )
     del policy
 
     # warm-up (imports, allocator, first-call costs) for both paths
-    trainer_run(root, tmp, 3, 0, "warm")
-    bare_run(root, 3)
+    trainer_run(root, tmp, 3, 0, "warm", batch)
+    bare_run(root, 3, batch)
 
     variants = {
-        "trainer nw=0": lambda: trainer_run(root, tmp, args.steps, 0, "a0"),
-        "trainer nw=default": lambda: trainer_run(root, tmp, args.steps, None, "a4"),
-        "bare": lambda: bare_run(root, args.steps),
+        "trainer nw=0": lambda: trainer_run(root, tmp, args.steps, 0, "a0", batch),
+        "trainer nw=default": lambda: trainer_run(root, tmp, args.steps, None, "a4", batch),
+        "bare": lambda: bare_run(root, args.steps, batch),
     }
     names = list(variants)
     results: dict[str, list[dict]] = {n: [] for n in names}
@@ -195,7 +212,7 @@ def main() -> None:
         )
 
     if not args.no_profile:
-        profile_diff(root, tmp, args.steps, args.profile_top)
+        profile_diff(root, tmp, args.steps, args.profile_top, batch)
 
 
 if __name__ == "__main__":
