@@ -54,6 +54,8 @@ from huggingface_hub.errors import HfHubHTTPError
 
 from lerobot_pipe import __version__
 from lerobot_pipe import constants as C
+from lerobot_pipe.fsutil import write_json_atomic
+from lerobot_pipe.policies.hub import checkpoint_step_dir, holds_policy_files, pretrained_dir
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +110,10 @@ class PublishReceipt:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def write(self, path: Path) -> None:
+        """Write the receipt as JSON, atomically (the pipeline's publish rule keeps it)."""
+        write_json_atomic(path, self.to_json())
 
 
 # ---------------------------------------------------------------------------- validation
@@ -547,29 +553,12 @@ def publish_folder(
 
 
 # ---------------------------------------------------------------------------- checkpoints
-def _pretrained_dir(step_dir: Path) -> Path:
-    if step_dir.name == C.PRETRAINED_MODEL_DIR:
-        return step_dir
-    candidate = step_dir / C.PRETRAINED_MODEL_DIR
-    if candidate.is_dir():
-        return candidate
-    # A bare pretrained-model folder (e.g. a conversion's output) holds the model files directly.
-    markers = (C.CONFIG_NAME, C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS, C.MODEL_DCP_DIR)
-    if any((step_dir / m).exists() for m in markers):
-        return step_dir
-    raise PublishError(
-        f"{step_dir} is not a checkpoint: no {C.PRETRAINED_MODEL_DIR}/ folder and no "
-        f"{C.CONFIG_NAME} or model weights in it"
-    )
-
-
-def _step_folder_name(step_dir: Path, step: int) -> str:
-    name = step_dir.name
-    if name == C.PRETRAINED_MODEL_DIR:
-        name = step_dir.parent.name
+def _step_folder_name(pretrained: Path, step: int) -> str:
+    folder = checkpoint_step_dir(pretrained) or pretrained
+    name = folder.name
     if name.isdigit():
         if int(name) != step:
-            raise PublishError(f"checkpoint folder {step_dir} is step {int(name)}, not step {step}")
+            raise PublishError(f"checkpoint folder {folder} is step {int(name)}, not step {step}")
         return name
     return f"{step:06d}"
 
@@ -605,12 +594,17 @@ def publish_checkpoint(
     step_path = Path(step_dir).resolve()
     if not step_path.is_dir():
         raise PublishError(f"checkpoint folder does not exist: {step_dir}")
-    pretrained = _pretrained_dir(step_path)
+    pretrained = pretrained_dir(step_path)
+    if not holds_policy_files(pretrained):
+        raise PublishError(
+            f"{step_dir} is not a checkpoint: no {C.PRETRAINED_MODEL_DIR}/ folder and no "
+            f"{C.CONFIG_NAME} or model weights in it"
+        )
     has_weights = any(
         (pretrained / n).is_file() for n in (C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS)
     )
     if not has_weights:
-        checkpoint_dir = pretrained.parent
+        checkpoint_dir = checkpoint_step_dir(pretrained) or pretrained
         if (pretrained / C.MODEL_DCP_DIR).is_dir() or any(pretrained.rglob("*.distcp")):
             raise PublishError(
                 f"{pretrained} holds only DCP shards ({C.MODEL_DCP_DIR}/), no "
@@ -624,7 +618,7 @@ def publish_checkpoint(
         logger.warning(
             "Hub: %s has no %s; the published policy cannot be loaded", pretrained, C.CONFIG_NAME
         )
-    name = _step_folder_name(step_path, step)
+    name = _step_folder_name(pretrained, step)
     if model_card is None and not intermediate and (pretrained / C.TRAIN_CONFIG_NAME).is_file():
         from lerobot_pipe.hub.model_card import model_card_for_checkpoint
 

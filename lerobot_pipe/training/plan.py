@@ -35,7 +35,7 @@ from lerobot_pipe.distributed.env_guard import AccelerateEnvError, check_acceler
 from lerobot_pipe.distributed.parallel_dims import ParallelDims, resolve_parallelism
 from lerobot_pipe.distributed.runtime import launched_rank
 from lerobot_pipe.policies import factory  # noqa: F401 - registers the policy types
-from lerobot_pipe.policies.hub import local_policy_folder
+from lerobot_pipe.policies.hub import checkpoint_step_dir, local_policy_folder, pretrained_dir
 from lerobot_pipe.policies.pretrained import ACTION, OBS_PREFIX, PreTrainedConfig
 from lerobot_pipe.policies.vision.imagenet_weights import (
     BackboneWeightsError,
@@ -47,7 +47,6 @@ from lerobot_pipe.training.checkpoint import (
     checkpoints_dir,
     list_complete_checkpoints,
     newest_usable_checkpoint,
-    step_dir_from_path,
     validate_checkpoint_layout,
 )
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
@@ -99,8 +98,7 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
         path = _config_file(config_path, flags.get("output_dir"))
         data = read_json(path, "--config_path")
         cfg = from_dict(TrainConfig, _upgrade_legacy(data), lenient=True)
-        if path.parent.name == C.PRETRAINED_MODEL_DIR:
-            source_step = path.parent.parent
+        source_step = checkpoint_step_dir(path.parent)
     else:
         cfg = TrainConfig()
 
@@ -153,9 +151,7 @@ def _config_file(config_path: str, output_dir: str | None) -> Path:
     the run's output folder first, as LeRobot does."""
     path = Path(config_path)
     if path.is_dir():
-        step = step_dir_from_path(path)
-        candidate = step / C.PRETRAINED_MODEL_DIR / C.TRAIN_CONFIG_NAME
-        return candidate if candidate.is_file() else path / C.TRAIN_CONFIG_NAME
+        return pretrained_dir(path) / C.TRAIN_CONFIG_NAME
     if path.exists() or config_path.startswith((".", "/")) or config_path.count("/") != 1:
         return path
     from lerobot_pipe.policies.hub import download_latest_checkpoint
