@@ -569,25 +569,21 @@ def publish_checkpoint(
     *,
     intermediate: bool,
     step: int,
-    repo_type: str = "model",
-    private: bool | None = None,
-    revision: str | None = None,
     commit_message: str | None = None,
     tag: str | None = None,
-    token: str | None = None,
-    endpoint: str | None = None,
     model_card: str | None = None,
-    max_retries: int = 5,
-    backoff_s: float = 1.0,
-    move_tag: bool = False,
+    **options: Any,
 ) -> PublishReceipt:
     """Publish a checkpoint's ``pretrained_model/``.
 
     ``step_dir`` is ``<output_dir>/checkpoints/<step>`` (or ``last``), its ``pretrained_model/``,
     or any folder holding the model files directly (``config.json``, weights).
-    The final model goes to the repo root (tagged only if ``tag`` is given); an intermediate one to
+    The final model goes to the repo root (tagged only if ``tag`` is given) with a model card
+    built from its train_config.json unless ``model_card`` is given; an intermediate one to
     ``checkpoints/<step folder name>/``, tagged ``step-<step folder name>`` (e.g. ``step-005000``)
     unless ``tag`` says otherwise. Refuses checkpoints whose weights are only DCP shards.
+    ``options`` go to :func:`publish_folder` (``repo_type``, ``private``, ``revision``, ``token``,
+    ``endpoint``, ``max_retries``, ``backoff_s``, ``move_tag``).
     """
     if step < 0:
         raise PublishError(f"invalid step {step}")
@@ -633,18 +629,11 @@ def publish_checkpoint(
     return publish_folder(
         pretrained,
         repo_id,
-        repo_type=repo_type,
-        private=private,
         path_in_repo=path_in_repo,
-        revision=revision,
         commit_message=message,
         tag=tag,
-        token=token,
-        endpoint=endpoint,
         model_card=model_card,
-        max_retries=max_retries,
-        backoff_s=backoff_s,
-        move_tag=move_tag,
+        **options,
     )
 
 

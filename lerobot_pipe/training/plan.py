@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.configs.optim import CosineDecayWithWarmupSchedulerConfig
@@ -51,6 +52,9 @@ from lerobot_pipe.training.checkpoint import (
 )
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
 
+if TYPE_CHECKING:
+    from lerobot_pipe.distributed.parallelize import ShardingPlan
+
 log = logging.getLogger(__name__)
 
 # Errors a user can fix; lerobot-train prints them without a traceback.
@@ -66,6 +70,8 @@ class TrainingPlan:
     resume_from: Path | None = None
     resume_info: dict | None = None
     acknowledged_env: list[str] = field(default_factory=list)
+    # How FSDP2 wraps the policy, checked on the meta device (None unless the run is sharded).
+    sharding: ShardingPlan | None = None
 
     @property
     def start_step(self) -> int:
@@ -459,7 +465,7 @@ def make_plan(
         image_transforms=cfg.dataset.image_transforms,
         use_imagenet_stats=cfg.dataset.use_imagenet_stats,
     )
-    check_policy_plan(cfg, dims, dataset)
+    sharding = check_policy_plan(cfg, dims, dataset)
     check_backbone_weights(cfg, env)
     if len(dataset) < cfg.batch_size * dims.dp_world_size:
         log.warning(
@@ -475,6 +481,7 @@ def make_plan(
         resume_from=resume_from,
         resume_info=resume_info,
         acknowledged_env=acknowledged,
+        sharding=sharding,
     )
 
 
@@ -499,18 +506,16 @@ def _delta_timestamps(policy: PreTrainedConfig, root: Path) -> dict[str, list[fl
     return windows or None
 
 
-def check_policy_plan(cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotDataset) -> None:
+def check_policy_plan(
+    cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotDataset
+) -> ShardingPlan | None:
     """Fill the policy's features from the dataset and build the policy on the meta device with
-    its PEFT wrapper and wrap units, so that anything wrong with them (features, LoRA targets,
-    wrap classes, tied parameters, ignored modules, precision policy) fails before launch."""
+    its PEFT wrapper, so that anything wrong with them (features, LoRA targets) fails before
+    launch; for a sharded run, plan its sharding there too (wrap units, tied parameters, ignored
+    modules, precision policy): the launch applies that plan instead of deciding again."""
     import torch
 
-    from lerobot_pipe.distributed.parallelize import (
-        check_shared_parameters,
-        ignored_parameters,
-        mixed_precision_policy,
-        select_wrap_units,
-    )
+    from lerobot_pipe.distributed.parallelize import plan_sharding
     from lerobot_pipe.policies.factory import fill_features, get_policy_class
     from lerobot_pipe.policies.peft import apply_peft
 
@@ -528,11 +533,9 @@ def check_policy_plan(cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotData
                 model = apply_peft(model, cfg.peft, cfg.policy.pretrained_path)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-    if dims.is_sharded:
-        units = select_wrap_units(model, cfg.accelerator.fsdp, policy_cls._fsdp_wrap_modules)
-        check_shared_parameters(model, units)
-        ignored_parameters(model, cfg.accelerator.fsdp.ignored_modules)
-        mixed_precision_policy(cfg.accelerator)
+    if not dims.is_sharded:
+        return None
+    return plan_sharding(model, cfg.accelerator, policy_cls._fsdp_wrap_modules)
 
 
 def check_backbone_weights(cfg: TrainConfig, env: Mapping[str, str]) -> None:
