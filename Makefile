@@ -1,5 +1,5 @@
 # Two commands for a newcomer: `make run` (the pipeline on the embedded default) and `make test`;
-# `make unlock` after a snakemake was killed hard.
+# `make unlock` after a snakemake was killed hard, `make lint` before a commit.
 # Each creates the virtual environment on first use (CPU build of torch, pinned in constraints-cpu.txt).
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -63,8 +63,12 @@ unlock: $(VENV)/.installed
 test: $(VENV)/.installed $(UPSTREAM)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" OMP_NUM_THREADS=1 $(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The linters CI runs before the tests: ruff (lint and format), snakefmt, snakemake --lint.
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/snakefmt --check Snakefile workflow/
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --lint
 
 clean:
 	rm -rf results .snakemake

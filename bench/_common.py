@@ -139,6 +139,19 @@ def act_policy_and_data(
     return policy, ds, sampler, pre
 
 
+def wrap_policy(policy, dims, env) -> torch.nn.Module:
+    """``policy`` wrapped for ``dims`` with the default accelerator options, as the trainer wraps
+    it (a sharded run with the sharding make_plan would plan)."""
+    from lerobot_pipe.configs.train import AcceleratorConfig
+    from lerobot_pipe.distributed.parallelize import apply_parallelism, plan_sharding
+
+    accelerator = AcceleratorConfig()
+    sharding = None
+    if dims.is_sharded:
+        sharding = plan_sharding(policy, accelerator, type(policy)._fsdp_wrap_modules)
+    return apply_parallelism(policy, dims, env, accelerator, sharding)
+
+
 def n_params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 

@@ -46,9 +46,7 @@ import torch.distributed as dist
 from launch import run_distributed
 
 from lerobot_pipe.configs.optim import AdamWConfig
-from lerobot_pipe.configs.train import AcceleratorConfig
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
-from lerobot_pipe.distributed.parallelize import apply_parallelism
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.processors import make_pre_post_processors
 from lerobot_pipe.training.checkpoint import (
@@ -84,9 +82,7 @@ def rank_main(dataset_root: str, out_root: str, reps: int, steps_between: int) -
             SIZE, dataset_root, 2, seed=1000, rank=env.rank, dp_world_size=WORLD
         )
         _, post = make_pre_post_processors(policy.config, dataset_stats=ds.stats)
-        model = apply_parallelism(
-            policy, dims, env, AcceleratorConfig(), type(policy)._fsdp_wrap_modules
-        )
+        model = c.wrap_policy(policy, dims, env)
         optimizer = make_optimizer(
             policy.get_optim_params(), AdamWConfig(lr=1e-5, weight_decay=1e-4)
         )

@@ -27,10 +27,8 @@ import torch
 from launch import run_distributed
 
 from lerobot_pipe.configs.optim import AdamWConfig
-from lerobot_pipe.configs.train import AcceleratorConfig
 from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset  # noqa: F401 - baseline
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
-from lerobot_pipe.distributed.parallelize import apply_parallelism
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.policies.factory import make_policy  # noqa: F401 - baseline
 from lerobot_pipe.processors import make_pre_post_processors  # noqa: F401 - baseline
@@ -67,9 +65,7 @@ def rank_main(dp_shard: int, dataset_root: str) -> dict:
         )
         global_params = c.n_params(policy)
         stages = {"process group": after_pg, "model built": c.rss_parts()}
-        model = apply_parallelism(
-            policy, dims, env, AcceleratorConfig(), type(policy)._fsdp_wrap_modules
-        )
+        model = c.wrap_policy(policy, dims, env)
         optimizer = make_optimizer(
             policy.get_optim_params(), AdamWConfig(lr=1e-5, weight_decay=1e-4)
         )

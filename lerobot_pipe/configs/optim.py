@@ -18,47 +18,45 @@ class OptimizerConfig(ChoiceRegistry, choice_base=True, choice_kind="optimizer")
 
     default_choice = "adam"
 
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 10.0
+    lr: float = 1e-3  # learning rate (a policy's parameter group may set its own)
+    weight_decay: float = 0.0  # decoupled for adamw, L2 for adam and sgd
+    grad_clip_norm: float = 10.0  # clip the global gradient norm to this (0: no clipping)
 
 
 @OptimizerConfig.register_subclass("adam")
 @dataclass
 class AdamConfig(OptimizerConfig):
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 10.0
+    """torch.optim.Adam."""
+
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam's beta1, beta2
+    eps: float = 1e-8  # added to the denominator
 
 
 @OptimizerConfig.register_subclass("adamw")
 @dataclass
 class AdamWConfig(OptimizerConfig):
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
+    """torch.optim.AdamW."""
+
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam's beta1, beta2
+    eps: float = 1e-8  # added to the denominator
     weight_decay: float = 1e-2
-    grad_clip_norm: float = 10.0
 
 
 @OptimizerConfig.register_subclass("sgd")
 @dataclass
 class SGDConfig(OptimizerConfig):
-    lr: float = 1e-3
-    momentum: float = 0.0
-    dampening: float = 0.0
-    nesterov: bool = False
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 10.0
+    """torch.optim.SGD."""
+
+    momentum: float = 0.0  # momentum factor
+    dampening: float = 0.0  # dampening of the momentum
+    nesterov: bool = False  # Nesterov momentum
 
 
 @dataclass
 class SchedulerConfig(ChoiceRegistry, choice_base=True, choice_kind="scheduler"):
     """``--scheduler.type`` picks the class; the scheduler steps once per loop step."""
 
-    num_warmup_steps: int | None = None
+    num_warmup_steps: int | None = None  # loop steps of linear warmup from lr 0
 
 
 @SchedulerConfig.register_subclass("constant_with_warmup")
@@ -81,9 +79,9 @@ class CosineDecayWithWarmupSchedulerConfig(SchedulerConfig):
     """Warmup, then cosine decay from ``peak_lr`` to ``decay_lr`` over ``num_decay_steps`` (both
     phases scaled down when the run has fewer steps). Every field is required."""
 
-    num_decay_steps: int | None = None
-    peak_lr: float | None = None
-    decay_lr: float | None = None
+    num_decay_steps: int | None = None  # loop steps of the cosine decay after the warmup
+    peak_lr: float | None = None  # lr at the end of the warmup
+    decay_lr: float | None = None  # lr at the end of the decay
 
 
 @SchedulerConfig.register_subclass("diffuser")
@@ -91,4 +89,4 @@ class CosineDecayWithWarmupSchedulerConfig(SchedulerConfig):
 class DiffuserSchedulerConfig(SchedulerConfig):
     """A schedule of diffusers' ``get_scheduler(name)`` (cosine, linear, constant, ...)."""
 
-    name: str = "cosine"
+    name: str = "cosine"  # diffusers' schedule name (cosine, linear, constant, ...)

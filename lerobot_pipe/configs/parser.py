@@ -10,6 +10,10 @@ impossible choices raise :class:`ConfigError`, whose message names the flag and 
 Files are decoded leniently where flags are not: a key of a config file that names no field here
 (a field of another LeRobot release) is kept as it is and written back, so nothing a user's file
 holds is lost; the flags a user types must all be known.
+
+Every console script parses its flags here: lerobot-train into :class:`TrainConfig`, the other
+commands into a flat dataclass of their options (:func:`parse_options`), so the same booleans
+(true/false, yes/no, on/off, 1/0), the same ``=null`` and the same messages hold everywhere.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ import logging
 import types
 import typing
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 from lerobot_pipe.configs.choice import ChoiceRegistry
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -37,11 +43,15 @@ _FALSE = {"false", "0", "no", "off"}
 _NONE = {"none", "null"}
 # Keys of a config file that name no field, kept per config object and written back.
 _EXTRA = "_extra_fields"
+# Field metadata of a command option that has no default (see required()).
+_REQUIRED = "required"
+# A level with at most this many flags lists them all in an unknown-flag error.
+_LIST_KNOWN_UP_TO = 12
 
 
-def split_flags(argv: list[str]) -> dict[str, str]:
-    """``["--a.b=1", "--c", "2"]`` -> ``{"a.b": "1", "c": "2"}``. Repeated flags: last one wins."""
-    flags: dict[str, str] = {}
+def _flag_items(argv: list[str]) -> list[tuple[str, str, list[str]]]:
+    """Each flag of ``argv`` as (key, value, the arguments it was typed as)."""
+    items = []
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -52,14 +62,52 @@ def split_flags(argv: list[str]) -> dict[str, str]:
         body = arg[2:]
         if "=" in body:
             key, value = body.split("=", 1)
+            typed = [arg]
         elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
             key, value = body, argv[i + 1]
+            typed = [arg, value]
             i += 1
         else:
             key, value = body, "true"
-        flags[key.replace("-", "_") if "." not in key else key] = value
+            typed = [arg]
+        items.append((key.replace("-", "_") if "." not in key else key, value, typed))
         i += 1
-    return flags
+    return items
+
+
+def split_flags(argv: list[str]) -> dict[str, str]:
+    """``["--a.b=1", "--c", "2"]`` -> ``{"a.b": "1", "c": "2"}``. Repeated flags: last one wins."""
+    return {key: value for key, value, _ in _flag_items(argv)}
+
+
+def required() -> Any:
+    """The default of a command option that must be given: :func:`parse_options` refuses to go
+    on without it (``--<name> is required``)."""
+    return dataclasses.field(default=None, metadata={_REQUIRED: True})
+
+
+def is_required(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get(_REQUIRED))
+
+
+def parse_options(cls: type[T], argv: list[str], *, others: bool = False) -> tuple[T, list[str]]:
+    """A command's options: ``cls`` is a flat dataclass whose fields are its flags. Returns the
+    options and, with ``others``, the flags that name none of its fields, as they were typed
+    (the lerobot-train flags a pipeline command passes on); without it those are unknown flags."""
+    own = set(_fields(cls))
+    mine: dict[str, str] = {}
+    rest: list[str] = []
+    for key, value, typed in _flag_items(argv):
+        if others and key not in own:
+            rest += typed
+        else:
+            mine[key] = value
+    options = cls()
+    apply_flags(options, mine)
+    for f in dataclasses.fields(cls):
+        if is_required(f) and getattr(options, f.name) is None:
+            raise ConfigError(f"--{f.name} is required")
+    return options, rest
 
 
 def is_null(raw: Any) -> bool:
@@ -182,11 +230,9 @@ def _default(f: dataclasses.Field) -> Any:
 def _unknown_key_error(key: str, prefix: str, known: list[str], where: str) -> ConfigError:
     flag = f"{prefix}{key}"
     close = difflib.get_close_matches(key, known, n=3)
-    hint = (
-        f" Did you mean {', '.join('--' + prefix + c for c in close)}?"
-        if close
-        else f" Known: {', '.join(sorted(known))}."
-    )
+    hint = f" Did you mean {', '.join('--' + prefix + c for c in close)}?" if close else ""
+    if not close or len(known) <= _LIST_KNOWN_UP_TO:
+        hint += f" Known: {', '.join('--' + prefix + k for k in sorted(known))}."
     return ConfigError(f"--{flag}: unknown {where}.{hint}")
 
 

@@ -58,26 +58,31 @@ def _default_image_transforms() -> dict[str, dict[str, Any]]:
 class ImageTransformsConfig:
     """Random camera-frame augmentations (LeRobot's names and defaults); off by default."""
 
-    enable: bool = False
-    max_num_transforms: int = 3
-    random_order: bool = False
+    enable: bool = False  # augment the camera frames of the training batches
+    max_num_transforms: int = 3  # at most this many of the transforms apply to one frame
+    random_order: bool = False  # apply the chosen transforms in random order, not as listed
+    # name -> {"weight", "type", "kwargs"}: the transforms to draw from (LeRobot's six by default)
     tfs: dict[str, dict[str, Any]] = field(default_factory=_default_image_transforms)
 
 
 @dataclass
 class DatasetConfig:
-    repo_id: str | None = None
-    repo_type: str = "dataset"
-    root: str | None = None
-    episodes: list[int] | None = None
+    """The LeRobot v3.0 dataset to train on: a local folder, a Hub repository, or both."""
+
+    repo_id: str | None = None  # Hub dataset repo (namespace/name), downloaded when --root lacks it
+    repo_type: str = "dataset"  # only "dataset" repositories are read
+    root: str | None = None  # local dataset folder (meta/info.json, data/, videos/)
+    episodes: list[int] | None = None  # train on these episode indices only (default: all)
     image_transforms: ImageTransformsConfig = field(default_factory=ImageTransformsConfig)
-    revision: str | None = None
+    revision: str | None = None  # Hub revision (branch, tag or commit) of --repo_id
+    # replace the camera mean/std of the dataset's stats with ImageNet's (LeRobot's default)
     use_imagenet_stats: bool = True
+    # video decoder: torchcodec or pyav (the other one is used when the first does not load)
     video_backend: str = "torchcodec"
-    return_uint8: bool = False
-    depth_output_unit: str = "mm"
-    streaming: bool = False
-    eval_split: float = 0.0
+    return_uint8: bool = False  # LeRobot's; not built here (frames are float32 in [0, 1])
+    depth_output_unit: str = "mm"  # LeRobot's, for depth cameras; not read here
+    streaming: bool = False  # LeRobot's streaming datasets; not built here (must stay false)
+    eval_split: float = 0.0  # LeRobot's held-out split; not built here (must stay 0)
 
 
 @dataclass
@@ -90,8 +95,8 @@ class ParallelismConfig:
     another world size re-resolves.
     """
 
-    dp_replicate: int | None = None
-    dp_shard: int | None = None
+    dp_replicate: int | None = None  # replicas (DDP, or HSDP's replicate axis); -1: what is left
+    dp_shard: int | None = None  # FSDP2 shards per replica (> 1 shards the model); -1: what is left
 
 
 @dataclass
@@ -99,10 +104,10 @@ class MixedPrecisionPolicyConfig:
     """FSDP2 MixedPrecisionPolicy fields. Setting any replaces the policy derived from
     ``accelerator.mixed_precision``."""
 
-    param_dtype: str | None = None
-    reduce_dtype: str | None = None
-    output_dtype: str | None = None
-    cast_forward_inputs: bool | None = None
+    param_dtype: str | None = None  # float32, bfloat16 or float16: parameters in forward/backward
+    reduce_dtype: str | None = None  # dtype of the gradient reduce-scatter (default: param_dtype)
+    output_dtype: str | None = None  # dtype the root module's outputs are cast to
+    cast_forward_inputs: bool | None = None  # cast floating-point inputs to param_dtype
 
     def is_set(self) -> bool:
         return any(
@@ -118,11 +123,15 @@ class MixedPrecisionPolicyConfig:
 
 @dataclass
 class FSDPConfig:
-    reshard_after_forward: bool = True
+    """FSDP2 (``fully_shard``) options, used when ``--parallelism.dp_shard`` > 1."""
+
+    reshard_after_forward: bool = True  # free gathered parameters after forward (less memory)
+    # module class names that become FSDP2 units (default: the policy's _fsdp_wrap_modules)
     wrap_modules: list[str] | None = None
+    # instead of wrap_modules: a module becomes a unit at this many parameters (bottom-up)
     min_num_params: int | None = None
-    cpu_offload: bool = False
-    ignored_modules: str | None = None
+    cpu_offload: bool = False  # keep parameters, gradients and optimizer state on the CPU
+    ignored_modules: str | None = None  # regex of module names FSDP2 leaves unsharded
     mixed_precision_policy: MixedPrecisionPolicyConfig = field(
         default_factory=MixedPrecisionPolicyConfig
     )
@@ -130,19 +139,23 @@ class FSDPConfig:
 
 @dataclass
 class DDPConfig:
-    find_unused_parameters: bool = False
-    gradient_as_bucket_view: bool = True
-    static_graph: bool = False
+    """DistributedDataParallel options, used when the model is replicated, not sharded."""
+
+    find_unused_parameters: bool = False  # for models whose forward skips some parameters
+    gradient_as_bucket_view: bool = True  # gradients are views of DDP's buckets (less memory)
+    static_graph: bool = False  # the same parameters are used on every step
 
 
 @dataclass
 class GradientAccumulationConfig:
-    steps: int = 1
+    steps: int = 1  # loop steps (micro-batches) per optimizer update
 
 
 @dataclass
 class AcceleratorConfig:
-    mixed_precision: str = "no"
+    """Precision, gradient accumulation and the DDP / FSDP2 options."""
+
+    mixed_precision: str = "no"  # no, fp16 or bf16
     gradient_accumulation: GradientAccumulationConfig = field(
         default_factory=GradientAccumulationConfig
     )
@@ -154,99 +167,116 @@ class AcceleratorConfig:
 class PeftConfig:
     """LeRobot's PEFT fields (any ``--peft.*`` flag turns PEFT on); ``lora_dropout`` is ours."""
 
+    # module names that get LoRA adapters (default: the policy's _peft_target_modules)
     target_modules: list[str] | str | None = None
-    full_training_modules: list[str] | None = None
-    method_type: str = "LORA"
-    init_type: str | None = None
-    r: int = 16
-    lora_alpha: int | None = None
-    lora_dropout: float = field(default=0.0, metadata=OMIT_AT_DEFAULT)
+    full_training_modules: list[str] | None = None  # module names trained in full, not by LoRA
+    method_type: str = "LORA"  # only LORA is built
+    init_type: str | None = None  # LeRobot's adapter initialization name; not read here
+    r: int = 16  # LoRA rank
+    lora_alpha: int | None = None  # LoRA scaling numerator (default: r)
+    lora_dropout: float = field(default=0.0, metadata=OMIT_AT_DEFAULT)  # dropout before LoRA
 
 
 @dataclass
 class EvalConfig:
     """Simulation-environment evaluation (LeRobot's; kept, not run here)."""
 
-    n_episodes: int = 50
-    batch_size: int = 0
-    use_async_envs: bool = True
-    recording: bool = False
-    recording_repo_id: str | None = None
-    recording_private: bool = False
+    n_episodes: int = 50  # LeRobot's; not run here
+    batch_size: int = 0  # LeRobot's; not run here
+    use_async_envs: bool = True  # LeRobot's; not run here
+    recording: bool = False  # LeRobot's; not run here
+    recording_repo_id: str | None = None  # LeRobot's; not run here
+    recording_private: bool = False  # LeRobot's; not run here
 
 
 @dataclass
 class WandBConfig:
     """Weights & Biases logging (LeRobot's; only ``enable=false`` here: use ``--trackio.*``)."""
 
-    enable: bool = False
-    disable_artifact: bool = False
-    project: str = "lerobot"
-    entity: str | None = None
-    notes: str | None = None
-    run_id: str | None = None
-    mode: str | None = None
-    add_tags: bool = True
+    enable: bool = False  # must stay false: use --trackio.enable=true
+    disable_artifact: bool = False  # LeRobot's; not used here
+    project: str = "lerobot"  # LeRobot's; not used here
+    entity: str | None = None  # LeRobot's; not used here
+    notes: str | None = None  # LeRobot's; not used here
+    run_id: str | None = None  # LeRobot's; not used here
+    mode: str | None = None  # LeRobot's; not used here
+    add_tags: bool = True  # LeRobot's; not used here
 
 
 @dataclass
 class JobConfig:
     """HF Jobs submission (LeRobot's; only local runs here)."""
 
-    target: str | None = None
-    image: str = "huggingface/lerobot-gpu:latest"
-    timeout: str | None = "2d"
-    detach: bool = False
-    tags: list[str] = field(default_factory=list)
+    target: str | None = None  # must stay unset or "local": run under SLURM instead
+    image: str = "huggingface/lerobot-gpu:latest"  # LeRobot's; not used here
+    timeout: str | None = "2d"  # LeRobot's; not used here
+    detach: bool = False  # LeRobot's; not used here
+    tags: list[str] = field(default_factory=list)  # LeRobot's; not used here
 
 
 @dataclass
 class TrackioConfig:
-    enable: bool = False
-    project: str = "lerobot"
-    run_name: str | None = None
+    """Metrics to trackio (Hugging Face's offline-capable tracker), besides metrics.jsonl."""
+
+    enable: bool = False  # log the training metrics to trackio (pip install trackio)
+    project: str = "lerobot"  # trackio project
+    run_name: str | None = None  # trackio run name (default: --job_name)
 
 
 @dataclass
 class TrainConfig:
+    """Train a LeRobot policy on one process or many (DDP, FSDP2, HSDP); every input is checked
+    before a process group starts.
+
+    Checkpoints go to ``<output_dir>/checkpoints/<step>/`` in LeRobot's layout; running the same
+    command again with ``--resume=true`` continues from the newest complete one, on any number
+    of processes."""
+
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    env: dict[str, Any] | None = None
+    env: dict[str, Any] | None = None  # LeRobot's simulation environment; not run here
+    # the policy to train: --policy.type for a new one, --policy.path to fine-tune
     policy: PreTrainedConfig | None = None
-    reward_model: dict[str, Any] | None = None
+    reward_model: dict[str, Any] | None = None  # LeRobot's; not built here
+    # run folder (default: outputs/train/<date>/<time>_<job_name or policy type>)
     output_dir: str | None = None
-    job_name: str | None = None
+    job_name: str | None = None  # run name (plain, no '/')
+    # continue from --config_path's checkpoint, else the newest complete one of --output_dir
     resume: bool = False
-    seed: int = 1000
-    cudnn_deterministic: bool = False
-    num_workers: int = 4
-    batch_size: int = 8
-    prefetch_factor: int = 4
-    persistent_workers: bool = True
-    dataloader_multiprocessing_context: str | None = "spawn"
-    steps: int = 100_000
-    env_eval_freq: int = 20_000
-    log_freq: int = 200
-    eval_steps: int = 0
-    max_eval_samples: int = 0
-    tolerance_s: float = 1e-4
-    save_checkpoint: bool = True
-    save_freq: int = 20_000
+    seed: int = 1000  # model initialization and data order; each rank adds its rank after init
+    cudnn_deterministic: bool = False  # deterministic cuDNN kernels (slower)
+    num_workers: int = 4  # threads preparing batches ahead of the loop (0: inline)
+    batch_size: int = 8  # samples per rank and loop step
+    prefetch_factor: int = 4  # LeRobot's DataLoader option; not used here
+    persistent_workers: bool = True  # LeRobot's DataLoader option; not used here
+    dataloader_multiprocessing_context: str | None = "spawn"  # LeRobot's; not used here
+    steps: int = 100_000  # loop steps (micro-batches per rank) to train for in all
+    env_eval_freq: int = 20_000  # LeRobot's; not run here
+    log_freq: int = 200  # log the loss and throughput every this many loop steps
+    eval_steps: int = 0  # LeRobot's held-out evaluation; not built here (must stay 0)
+    max_eval_samples: int = 0  # LeRobot's; not used here
+    tolerance_s: float = 1e-4  # how far a camera frame's timestamp may be from the one asked for
+    save_checkpoint: bool = True  # write checkpoints
+    save_freq: int = 20_000  # checkpoint every this many loop steps (0: the final step only)
+    # train with the policy's optimizer and scheduler presets (LeRobot's rule)
     use_policy_training_preset: bool = True
+    # the optimizer (default: the policy's preset)
     optimizer: OptimizerConfig | None = None
+    # the learning-rate schedule (default: the policy's preset; none: a constant lr)
     scheduler: SchedulerConfig | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
     wandb: WandBConfig = field(default_factory=WandBConfig)
+    # LoRA fine-tuning of --policy.path (unset: train every weight)
     peft: PeftConfig | None = None
     job: JobConfig = field(default_factory=JobConfig)
-    save_checkpoint_to_hub: bool = False
-    sample_weighting: dict[str, Any] | None = None
+    save_checkpoint_to_hub: bool = False  # LeRobot's; use the pipeline's publish stage instead
+    sample_weighting: dict[str, Any] | None = None  # LeRobot's; not built here
+    # dataset key -> the key the pretrained policy expects (with --policy.path)
     rename_map: dict[str, str] = field(default_factory=dict)
-    checkpoint_path: str | None = None
-    # LeRobot's current docs (no release yet).
+    checkpoint_path: str | None = None  # LeRobot's; set by LeRobot's own resume, not read here
+    # safetensors (one file, gathered), dcp (shards) or safetensors_dcp (both); LeRobot's docs
     checkpoint_format: str = "safetensors"
-    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
-    accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)
-    # lerobot_pipe's own.
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)  # LeRobot's docs
+    accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)  # LeRobot's docs
     trackio: TrackioConfig = field(default_factory=TrackioConfig, metadata=OMIT_AT_DEFAULT)
     # Write checkpoints in the background: the loop stalls only to copy the state to CPU memory.
     checkpoint_async: bool = field(default=False, metadata=OMIT_AT_DEFAULT)

@@ -6,7 +6,6 @@ See :mod:`lerobot_pipe.convert.dcp_to_safetensors`. Local folders only: DCP meta
 from lerobot_pipe.convert.dcp_to_safetensors import (
     ConversionError,
     convert_checkpoint,
-    find_pretrained_dir,
     load_dcp_state_dict,
     read_dcp_metadata,
     verify_against_dcp,
@@ -16,7 +15,6 @@ from lerobot_pipe.convert.dcp_to_safetensors import (
 __all__ = [
     "ConversionError",
     "convert_checkpoint",
-    "find_pretrained_dir",
     "load_dcp_state_dict",
     "read_dcp_metadata",
     "verify_against_dcp",

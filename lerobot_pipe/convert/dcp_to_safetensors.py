@@ -77,6 +77,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.fsutil import fsync_path
+from lerobot_pipe.policies.hub import checkpoint_step_dir, holds_policy_files, pretrained_dir
 from lerobot_pipe.training.checkpoint import (
     CheckpointError,
     is_complete,
@@ -127,31 +128,17 @@ def _local_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
     raise ConversionError(f"checkpoint_dir {path} does not exist")
 
 
-def find_pretrained_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
-    """Return the ``pretrained_model/`` folder of a step folder.
-
-    Accepts the step folder (``checkpoints/005000``, ``checkpoints/last``), its ``pretrained_model/``
-    or the ``pytorch_model_fsdp_0/`` DCP folder itself. Only local folders: URLs and Hub ids are
-    refused (DCP metadata is a pickle).
-    """
-    path = _local_dir(checkpoint_dir)
-    if path.name == C.MODEL_DCP_DIR and (path / DCP_METADATA_FILE).exists():
-        path = path.parent
-    if (path / C.PRETRAINED_MODEL_DIR).is_dir():
-        return path / C.PRETRAINED_MODEL_DIR
-    markers = (
-        C.MODEL_DCP_DIR,
-        C.MODEL_SAFETENSORS,
-        C.ADAPTER_SAFETENSORS,
-        C.CONFIG_NAME,
-        C.ADAPTER_CONFIG_NAME,
-    )
-    if any((path / m).exists() for m in markers):
-        return path
-    raise ConversionError(
-        f"nothing to convert: {path} has no {C.PRETRAINED_MODEL_DIR}/, {C.MODEL_DCP_DIR}/ "
-        f"or {C.MODEL_SAFETENSORS}"
-    )
+def _pretrained_to_convert(checkpoint_dir: str | os.PathLike[str]) -> Path:
+    """The pretrained-model folder of a LOCAL step folder, its ``pretrained_model/`` or its DCP
+    folder (``policies.hub.pretrained_dir``); URLs and Hub ids are refused (DCP metadata is a
+    pickle)."""
+    pretrained = pretrained_dir(_local_dir(checkpoint_dir))
+    if not holds_policy_files(pretrained):
+        raise ConversionError(
+            f"nothing to convert: {pretrained} has no {C.PRETRAINED_MODEL_DIR}/, {C.MODEL_DCP_DIR}/ "
+            f"or {C.MODEL_SAFETENSORS}"
+        )
+    return pretrained
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,9 +182,9 @@ def verify_dcp_files(dcp_dir: str | os.PathLike[str]) -> bool:
     ``training_state/training_step.json`` lists. Returns False (and warns) when there is no such
     list; raises ConversionError naming the first damaged or missing file."""
     dcp_dir = Path(dcp_dir)
-    step_dir = dcp_dir.parent.parent
+    step_dir = checkpoint_step_dir(dcp_dir.parent)
     listed: dict[str, dict] = {}
-    if dcp_dir.parent.name == C.PRETRAINED_MODEL_DIR and is_complete(step_dir):
+    if step_dir is not None and is_complete(step_dir):
         try:
             info = read_training_step(step_dir)
         except CheckpointError as e:
@@ -633,7 +620,7 @@ def convert_checkpoint(
     weights file.
     """
     t0 = time.perf_counter()
-    pretrained = find_pretrained_dir(checkpoint_dir)
+    pretrained = _pretrained_to_convert(checkpoint_dir)
     is_peft = (pretrained / C.ADAPTER_CONFIG_NAME).is_file()
     weights_name = C.ADAPTER_SAFETENSORS if is_peft else C.MODEL_SAFETENSORS
     dcp_dir = pretrained / C.MODEL_DCP_DIR

@@ -10,6 +10,7 @@ within ``tolerance_s``. Nothing here holds state that changes what a batch conta
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,16 +137,15 @@ class VideoFrames:
                 "is truncated or belongs to another version of the dataset. Download it again."
             )
         # The header of a truncated file may still list every frame: decode the last one.
-        target = np.array([needed - 1])
-        try:
-            _, times = self._reader(file_id).frames_at(target)
-        except Exception as exc:
-            self._readers.drop(path)
-            raise CameraError(
+        _, times = self._frames_at(
+            file_id,
+            np.array([needed - 1]),
+            lambda exc: (
                 f"{path}: decoding its last frame (episode {int(self._episode_index[last])}, "
                 f"{(needed - 1) / header.fps:.3f} s) failed: {exc}. The file is corrupt or "
                 "truncated: download it again."
-            ) from None
+            ),
+        )
         expected = (needed - 1) / header.fps
         if not abs(times[0] - expected) < max(self.tolerance_s, 0.5 / header.fps):
             self._readers.drop(path)
@@ -157,6 +157,17 @@ class VideoFrames:
 
     def _reader(self, file_id: int) -> Reader:
         return self._readers.get(self.paths[file_id], float(self.fps[file_id]), self._gop)
+
+    def _frames_at(
+        self, file_id: int, wanted: np.ndarray, failure: Callable[[Exception], str]
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """The decoder's ``frames_at(wanted)`` of one file. A decoder that fails is dropped (it
+        may be left in a broken state) and the failure raised as CameraError(failure(exc))."""
+        try:
+            return self._reader(file_id).frames_at(wanted)
+        except Exception as exc:
+            self._readers.drop(self.paths[file_id])
+            raise CameraError(failure(exc)) from None
 
     def read(self, rows: np.ndarray) -> torch.Tensor:
         """Decode the frames of dataset ``rows``: uint8 ``(len(rows), 3, H, W)``."""
@@ -183,16 +194,16 @@ class VideoFrames:
         if outside.any():
             j = int(np.flatnonzero(outside)[0])
             raise CameraError(self._missing(path, rows[j], times[j], "beyond its end"))
-        try:
-            frames, decoded = self._reader(f).frames_at(wanted)
-        except Exception as exc:
-            self._readers.drop(path)
-            raise CameraError(
+        frames, decoded = self._frames_at(
+            f,
+            wanted,
+            lambda exc: (
                 f"{path}: decoding frames at {_short(np.round(times, 4).tolist())} s "
                 f"(episodes {_short(np.unique(self._episode_index[episode]).tolist())}) "
                 f"failed: {type(exc).__name__}: {exc}; first request: "
                 f"{self._where(rows[0], times[0])}. The file is corrupt: download it again."
-            ) from None
+            ),
+        )
         bad = ~(np.abs(decoded - times) < self.tolerance_s)
         if bad.any():
             j = int(np.flatnonzero(bad)[0])

@@ -206,22 +206,30 @@ def _read_episodes(root: Path, episodes: list[int] | None) -> dict[str, np.ndarr
     return {name: values[keep][order] for name, values in columns.items()}
 
 
-def _read_info(root: Path) -> dict[str, Any]:
-    path = root / DATASET_INFO
+def _read_meta_json(path: Path, if_missing: str) -> dict[str, Any]:
+    """A metadata file's JSON object; DatasetError naming the file (and ``if_missing``, what a
+    missing one means) otherwise."""
     if not path.is_file():
-        raise DatasetError(
-            f"{path}: not found. --dataset.root must be a LeRobot v3.0 dataset folder "
-            "(holding meta/info.json, meta/stats.json and data/)."
-        )
+        raise DatasetError(f"{path}: not found{if_missing}")
     try:
-        info = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise DatasetError(
             f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}. "
             "Fix the file or download the dataset again."
         ) from exc
-    if not isinstance(info, dict):
-        raise DatasetError(f"{path}: expected a JSON object, found {type(info).__name__}.")
+    if not isinstance(data, dict):
+        raise DatasetError(f"{path}: expected a JSON object, found {type(data).__name__}.")
+    return data
+
+
+def _read_info(root: Path) -> dict[str, Any]:
+    path = root / DATASET_INFO
+    info = _read_meta_json(
+        path,
+        ". --dataset.root must be a LeRobot v3.0 dataset folder "
+        "(holding meta/info.json, meta/stats.json and data/).",
+    )
     version = info.get("codebase_version")
     if version != DATASET_CODEBASE_VERSION:
         raise DatasetError(
@@ -241,17 +249,11 @@ def _read_stats(
     camera_shapes: dict[str, tuple[int, int, int]],
 ) -> dict[str, dict[str, np.ndarray]]:
     path = root / DATASET_STATS
-    if not path.is_file():
-        raise DatasetError(
-            f"{path}: not found; normalisation needs per-feature statistics. "
-            "Recompute them with LeRobot or download the dataset again."
-        )
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DatasetError(
-            f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}."
-        ) from exc
+    raw = _read_meta_json(
+        path,
+        "; normalisation needs per-feature statistics. "
+        "Recompute them with LeRobot or download the dataset again.",
+    )
     stats = {
         key: {name: np.asarray(value, dtype=np.float32) for name, value in feature_stats.items()}
         for key, feature_stats in raw.items()

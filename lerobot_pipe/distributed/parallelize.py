@@ -7,6 +7,7 @@ precision and offload policies. Everything else sees only the returned module.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -156,21 +157,59 @@ def build_mesh(dims: ParallelDims, env: DistEnv) -> DeviceMesh:
     return init_device_mesh(env.device.type, (dims.dp_shard,), mesh_dim_names=("dp_shard",))
 
 
-def ignored_parameters(model: nn.Module, pattern: str | None) -> set[nn.Parameter]:
+def ignored_module_names(model: nn.Module, pattern: str | None) -> list[str]:
+    """The modules (with parameters) whose names ``--accelerator.fsdp.ignored_modules`` matches."""
     if not pattern:
-        return set()
+        return []
     try:
         regex = re.compile(pattern)
     except re.error as e:
         raise ConfigError(
             f"--accelerator.fsdp.ignored_modules={pattern!r}: invalid regex ({e})"
         ) from None
-    params = {p for n, m in model.named_modules() if n and regex.search(n) for p in m.parameters()}
-    if not params:
+    names = [
+        n
+        for n, m in model.named_modules()
+        if n and regex.search(n) and next(m.parameters(), None) is not None
+    ]
+    if not names:
         raise ConfigError(
             f"--accelerator.fsdp.ignored_modules={pattern!r} matches no module with parameters"
         )
-    return params
+    return names
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """How FSDP2 wraps the policy, decided once before launch on the meta-device model (where
+    every check of it fails with a message) and applied to the real model by name."""
+
+    wrap_units: tuple[str, ...]  # module names that become FSDP2 units, in model order
+    ignored_modules: tuple[str, ...]  # modules whose parameters FSDP2 neither shards nor reduces
+    mp_policy: MixedPrecisionPolicy  # the units' mixed-precision policy
+
+    def ignored_parameters(self, model: nn.Module) -> list[nn.Parameter]:
+        """The parameters of the ignored modules (each once), whose gradients the loop averages."""
+        params = {
+            id(p): p
+            for name in self.ignored_modules
+            for p in model.get_submodule(name).parameters()
+        }
+        return list(params.values())
+
+
+def plan_sharding(
+    model: nn.Module, accelerator: AcceleratorConfig, policy_wrap_modules: list[str]
+) -> ShardingPlan:
+    """Choose the wrap units, check that no tied parameter spans two of them, match the ignored
+    modules and build the precision policy; ConfigError naming the flag when one cannot be."""
+    units = select_wrap_units(model, accelerator.fsdp, policy_wrap_modules)
+    check_shared_parameters(model, units)
+    return ShardingPlan(
+        wrap_units=tuple(name for name, _ in units),
+        ignored_modules=tuple(ignored_module_names(model, accelerator.fsdp.ignored_modules)),
+        mp_policy=mixed_precision_policy(accelerator),
+    )
 
 
 def apply_fsdp(
@@ -178,12 +217,10 @@ def apply_fsdp(
     dims: ParallelDims,
     env: DistEnv,
     accelerator: AcceleratorConfig,
-    policy_wrap_modules: list[str],
+    sharding: ShardingPlan,
 ) -> nn.Module:
     fsdp = accelerator.fsdp
-    units = select_wrap_units(model, fsdp, policy_wrap_modules)
-    check_shared_parameters(model, units)
-    ignored = ignored_parameters(model, fsdp.ignored_modules)
+    ignored = set(sharding.ignored_parameters(model))
     mesh = build_mesh(dims, env)
     kwargs = {
         "mesh": mesh,
@@ -193,10 +230,10 @@ def apply_fsdp(
         else OffloadPolicy(),
         "ignored_params": ignored or None,
     }
-    unit_policy = mixed_precision_policy(accelerator)
+    unit_policy = sharding.mp_policy
     # Nested units (min_num_params) are sharded innermost first, as FSDP2 requires.
-    for _, module in sorted(units, key=lambda unit: -unit[0].count(".")):
-        fully_shard(module, mp_policy=unit_policy, **kwargs)
+    for name in sorted(sharding.wrap_units, key=lambda unit: -unit.count(".")):
+        fully_shard(model.get_submodule(name), mp_policy=unit_policy, **kwargs)
     # output_dtype on every unit would feed the next unit's LayerNorm fp32: set it on the root only.
     root_policy = MixedPrecisionPolicy(
         param_dtype=unit_policy.param_dtype,
@@ -214,11 +251,14 @@ def apply_parallelism(
     dims: ParallelDims,
     env: DistEnv,
     accelerator: AcceleratorConfig,
-    policy_wrap_modules: list[str],
+    sharding: ShardingPlan | None = None,
 ) -> nn.Module:
-    """Move ``model`` to the device and wrap it for ``dims``; returns the module to call."""
+    """Move ``model`` to the device and wrap it for ``dims`` (a sharded ``dims`` needs the
+    ``sharding`` planned for it); returns the module to call."""
     if dims.is_sharded:
-        return apply_fsdp(model, dims, env, accelerator, policy_wrap_modules)
+        if sharding is None:
+            raise ValueError("a sharded topology needs its ShardingPlan (plan_sharding)")
+        return apply_fsdp(model, dims, env, accelerator, sharding)
     model.to(env.device)
     if dims.world_size == 1:
         return model

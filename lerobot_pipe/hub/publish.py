@@ -54,6 +54,8 @@ from huggingface_hub.errors import HfHubHTTPError
 
 from lerobot_pipe import __version__
 from lerobot_pipe import constants as C
+from lerobot_pipe.fsutil import write_json_atomic
+from lerobot_pipe.policies.hub import checkpoint_step_dir, holds_policy_files, pretrained_dir
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +110,10 @@ class PublishReceipt:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def write(self, path: Path) -> None:
+        """Write the receipt as JSON, atomically (the pipeline's publish rule keeps it)."""
+        write_json_atomic(path, self.to_json())
 
 
 # ---------------------------------------------------------------------------- validation
@@ -547,29 +553,12 @@ def publish_folder(
 
 
 # ---------------------------------------------------------------------------- checkpoints
-def _pretrained_dir(step_dir: Path) -> Path:
-    if step_dir.name == C.PRETRAINED_MODEL_DIR:
-        return step_dir
-    candidate = step_dir / C.PRETRAINED_MODEL_DIR
-    if candidate.is_dir():
-        return candidate
-    # A bare pretrained-model folder (e.g. a conversion's output) holds the model files directly.
-    markers = (C.CONFIG_NAME, C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS, C.MODEL_DCP_DIR)
-    if any((step_dir / m).exists() for m in markers):
-        return step_dir
-    raise PublishError(
-        f"{step_dir} is not a checkpoint: no {C.PRETRAINED_MODEL_DIR}/ folder and no "
-        f"{C.CONFIG_NAME} or model weights in it"
-    )
-
-
-def _step_folder_name(step_dir: Path, step: int) -> str:
-    name = step_dir.name
-    if name == C.PRETRAINED_MODEL_DIR:
-        name = step_dir.parent.name
+def _step_folder_name(pretrained: Path, step: int) -> str:
+    folder = checkpoint_step_dir(pretrained) or pretrained
+    name = folder.name
     if name.isdigit():
         if int(name) != step:
-            raise PublishError(f"checkpoint folder {step_dir} is step {int(name)}, not step {step}")
+            raise PublishError(f"checkpoint folder {folder} is step {int(name)}, not step {step}")
         return name
     return f"{step:06d}"
 
@@ -580,37 +569,38 @@ def publish_checkpoint(
     *,
     intermediate: bool,
     step: int,
-    repo_type: str = "model",
-    private: bool | None = None,
-    revision: str | None = None,
     commit_message: str | None = None,
     tag: str | None = None,
-    token: str | None = None,
-    endpoint: str | None = None,
     model_card: str | None = None,
-    max_retries: int = 5,
-    backoff_s: float = 1.0,
-    move_tag: bool = False,
+    **options: Any,
 ) -> PublishReceipt:
     """Publish a checkpoint's ``pretrained_model/``.
 
     ``step_dir`` is ``<output_dir>/checkpoints/<step>`` (or ``last``), its ``pretrained_model/``,
     or any folder holding the model files directly (``config.json``, weights).
-    The final model goes to the repo root (tagged only if ``tag`` is given); an intermediate one to
+    The final model goes to the repo root (tagged only if ``tag`` is given) with a model card
+    built from its train_config.json unless ``model_card`` is given; an intermediate one to
     ``checkpoints/<step folder name>/``, tagged ``step-<step folder name>`` (e.g. ``step-005000``)
     unless ``tag`` says otherwise. Refuses checkpoints whose weights are only DCP shards.
+    ``options`` go to :func:`publish_folder` (``repo_type``, ``private``, ``revision``, ``token``,
+    ``endpoint``, ``max_retries``, ``backoff_s``, ``move_tag``).
     """
     if step < 0:
         raise PublishError(f"invalid step {step}")
     step_path = Path(step_dir).resolve()
     if not step_path.is_dir():
         raise PublishError(f"checkpoint folder does not exist: {step_dir}")
-    pretrained = _pretrained_dir(step_path)
+    pretrained = pretrained_dir(step_path)
+    if not holds_policy_files(pretrained):
+        raise PublishError(
+            f"{step_dir} is not a checkpoint: no {C.PRETRAINED_MODEL_DIR}/ folder and no "
+            f"{C.CONFIG_NAME} or model weights in it"
+        )
     has_weights = any(
         (pretrained / n).is_file() for n in (C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS)
     )
     if not has_weights:
-        checkpoint_dir = pretrained.parent
+        checkpoint_dir = checkpoint_step_dir(pretrained) or pretrained
         if (pretrained / C.MODEL_DCP_DIR).is_dir() or any(pretrained.rglob("*.distcp")):
             raise PublishError(
                 f"{pretrained} holds only DCP shards ({C.MODEL_DCP_DIR}/), no "
@@ -624,7 +614,7 @@ def publish_checkpoint(
         logger.warning(
             "Hub: %s has no %s; the published policy cannot be loaded", pretrained, C.CONFIG_NAME
         )
-    name = _step_folder_name(step_path, step)
+    name = _step_folder_name(pretrained, step)
     if model_card is None and not intermediate and (pretrained / C.TRAIN_CONFIG_NAME).is_file():
         from lerobot_pipe.hub.model_card import model_card_for_checkpoint
 
@@ -639,18 +629,11 @@ def publish_checkpoint(
     return publish_folder(
         pretrained,
         repo_id,
-        repo_type=repo_type,
-        private=private,
         path_in_repo=path_in_repo,
-        revision=revision,
         commit_message=message,
         tag=tag,
-        token=token,
-        endpoint=endpoint,
         model_card=model_card,
-        max_retries=max_retries,
-        backoff_s=backoff_s,
-        move_tag=move_tag,
+        **options,
     )
 
 

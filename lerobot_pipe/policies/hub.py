@@ -16,15 +16,38 @@ POLICY_FILE_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.yaml"]
 _STEP_FOLDER = re.compile(r"^checkpoints/(\d+)/")
 
 
+# What a pretrained-model folder holds (any one of them): config, weights, adapter, DCP shards.
+POLICY_FOLDER_MARKERS = (
+    C.CONFIG_NAME,
+    C.MODEL_SAFETENSORS,
+    C.ADAPTER_SAFETENSORS,
+    C.ADAPTER_CONFIG_NAME,
+    C.MODEL_DCP_DIR,
+)
+
+
 def pretrained_dir(path: str | Path) -> Path:
-    """``path`` itself, or the ``pretrained_model/`` inside it when ``path`` is a checkpoint
-    step folder (or a file inside pretrained_model/, such as train_config.json)."""
+    """The pretrained-model folder ``path`` names: the ``pretrained_model/`` of a checkpoint step
+    folder (or of its ``last`` link), the folder around a file or the DCP folder inside it (such
+    as train_config.json or pytorch_model_fsdp_0/), else ``path`` itself. The one resolver of
+    everything that takes "a step folder or its pretrained_model/"."""
     path = Path(path)
-    if path.is_file():
+    if path.is_file() or (path.name == C.MODEL_DCP_DIR and path.is_dir()):
         path = path.parent
     if (path / C.PRETRAINED_MODEL_DIR).is_dir():
         return path / C.PRETRAINED_MODEL_DIR
     return path
+
+
+def holds_policy_files(folder: Path) -> bool:
+    """Whether ``folder`` holds any of a pretrained-model folder's files."""
+    return any((folder / name).exists() for name in POLICY_FOLDER_MARKERS)
+
+
+def checkpoint_step_dir(pretrained: Path) -> Path | None:
+    """The checkpoint step folder a pretrained-model folder sits in, or None (a folder of its
+    own, such as a conversion's output)."""
+    return pretrained.parent if pretrained.name == C.PRETRAINED_MODEL_DIR else None
 
 
 def _is_repo_id(path: str) -> bool:

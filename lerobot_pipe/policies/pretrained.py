@@ -78,20 +78,23 @@ class PreTrainedConfig(ChoiceRegistry, choice_base=True, choice_kind="policy"):
     False here (LeRobot: True), so that a run without ``--policy.repo_id`` does not fail.
     """
 
-    n_obs_steps: int = 1
+    n_obs_steps: int = 1  # observation frames the policy sees per prediction
+    # name -> {"type", "shape"} of the policy's inputs (default: from the dataset)
     input_features: dict[str, dict] = field(default_factory=dict)
+    # name -> {"type", "shape"} of the policy's outputs (default: from the dataset)
     output_features: dict[str, dict] = field(default_factory=dict)
-    device: str | None = None
-    use_amp: bool = False
-    use_peft: bool = False
-    push_to_hub: bool = False
-    repo_id: str | None = None
-    private: bool | None = None
-    tags: list[str] | None = None
-    license: str | None = None
-    pretrained_path: str | None = None
-    pretrained_revision: str | None = None
+    device: str | None = None  # cpu, cuda, ... (default: the rank's GPU, else the CPU)
+    use_amp: bool = False  # automatic mixed precision (bf16 on CPU, fp16 on CUDA)
+    use_peft: bool = False  # set in a checkpoint's config.json that holds LoRA adapters
+    push_to_hub: bool = False  # publish the final checkpoint to --policy.repo_id
+    repo_id: str | None = None  # Hub model repo (namespace/name) to push to
+    private: bool | None = None  # create that repo private
+    tags: list[str] | None = None  # tags of the model card
+    license: str | None = None  # license of the model card
+    pretrained_path: str | None = None  # set by --policy.path: the folder the weights came from
+    pretrained_revision: str | None = None  # Hub revision of --policy.path
 
+    # feature type (VISUAL, STATE, ENV, ACTION) -> MEAN_STD, MIN_MAX or IDENTITY
     normalization_mapping: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

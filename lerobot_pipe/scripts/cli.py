@@ -1,131 +1,104 @@
 """``lerobot-pipe``: the small commands the pipeline's rules call (each a library function).
 
-lerobot-pipe make-dataset --root=DIR [--num_episodes=N --episode_length=N --fps=N --seed=N
-                          --cameras=top[,wrist] --image_size=64 --camera_dtype=video|image
-                          --pixels_only=false]
-lerobot-pipe validate --nproc_per_node=N [--nnodes=M] [--write_resolved=PATH] <lerobot-train flags>
-lerobot-pipe resume-args --output_dir=DIR
-lerobot-pipe launch-train --nproc_per_node=N [--nnodes=M --rdzv_port=P --cpus_per_task=C]
-                          --log=PATH [--final_checkpoint=PATH] <lerobot-train flags>
-lerobot-pipe check-run-lock --output_dir=DIR
-lerobot-pipe list-checkpoints --output_dir=DIR
-lerobot-pipe publish --pretrained_dir=DIR --repo_id=R [--step=N --intermediate=false
-                     --private=false --endpoint=URL --receipt=PATH]
+Each command's options are a dataclass below, parsed like lerobot-train's flags
+(``lerobot_pipe.configs.parser.parse_options``); ``lerobot-pipe <command> --help`` lists them.
+A bad flag exits with status 2 and a one-line reason; a command that fails at its work, 1.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from lerobot_pipe.configs.parser import ConfigError, convert_value, split_flags
-from lerobot_pipe.scripts.logs import setup_logging
+from lerobot_pipe.configs.parser import ConfigError, parse_options, required
+from lerobot_pipe.scripts.help import command_help, summary
+from lerobot_pipe.scripts.logs import report_error, setup_logging
 
 log = logging.getLogger("lerobot_pipe.cli")
 
-
-def _take(flags: dict[str, str], name: str, tp, default=None, required: bool = False):
-    if name not in flags:
-        if required:
-            raise ConfigError(f"--{name} is required")
-        return default
-    return convert_value(flags.pop(name), tp, name)
+PROG = "lerobot-pipe"
+# What validate and launch-train do with the flags that are not their own.
+PASSES_ON = "Every other flag is lerobot-train's (lerobot-train --help) and is passed on to it."
 
 
-def _no_more(flags: dict[str, str], command: str, allowed: list[str]) -> None:
-    if flags:
-        raise ConfigError(
-            f"{command}: unknown flag(s) {', '.join('--' + f for f in flags)}; allowed: "
-            f"{', '.join('--' + a for a in allowed)}"
-        )
+@dataclass
+class MakeDatasetOptions:
+    """Write the synthetic LeRobot v3.0 dataset (a scripted 2-D reaching expert), atomically.
+    Running it again with the same options is a no-op."""
+
+    root: str = required()  # the dataset folder to write
+    num_episodes: int = 50  # episodes to record
+    episode_length: int = 100  # frames per episode
+    fps: int = 10  # frames per second
+    seed: int = 0  # seed of the episodes' start and goal positions
+    cameras: list[str] = field(default_factory=list)  # rendered views: top, wrist (none: numeric)
+    image_size: int = 64  # square side of the camera frames, in pixels
+    camera_dtype: str = "video"  # video (AV1 mp4, LeRobot's encoding) or image (PNG in parquet)
+    pixels_only: bool = False  # leave out observation.environment_state (the goal)
+    overwrite: bool = False  # replace a folder holding anything else
 
 
-def cmd_make_dataset(argv: list[str]) -> int:
+def cmd_make_dataset(options: MakeDatasetOptions, _: list[str]) -> int:
     from lerobot_pipe.datasets import write_synthetic_dataset
 
-    flags = split_flags(argv)
-    allowed = [
-        "root",
-        "num_episodes",
-        "episode_length",
-        "fps",
-        "seed",
-        "cameras",
-        "image_size",
-        "camera_dtype",
-        "pixels_only",
-        "overwrite",
-    ]
-    kwargs = {
-        "num_episodes": _take(flags, "num_episodes", int, 50),
-        "episode_length": _take(flags, "episode_length", int, 100),
-        "fps": _take(flags, "fps", int, 10),
-        "seed": _take(flags, "seed", int, 0),
-        "cameras": _take(flags, "cameras", list[str], []),
-        "image_size": _take(flags, "image_size", int, 64),
-        "camera_dtype": _take(flags, "camera_dtype", str, "video"),
-        "pixels_only": _take(flags, "pixels_only", bool, False),
-        "overwrite": _take(flags, "overwrite", bool, False),
-    }
-    root = _take(flags, "root", str, required=True)
-    _no_more(flags, "make-dataset", allowed)
-    path = write_synthetic_dataset(root, **kwargs)
+    kwargs = {k: v for k, v in vars(options).items() if k != "root"}
+    path = write_synthetic_dataset(options.root, **kwargs)
     log.info("synthetic LeRobot v3.0 dataset ready at %s", path)
     return 0
 
 
-def _split_own_flags(argv: list[str], own: set[str]) -> tuple[dict[str, str], list[str]]:
-    """This command's flags (``--name=value`` with a name in ``own``), and the rest: the
-    lerobot-train flags it passes on."""
-    mine, rest = [], []
-    for arg in argv:
-        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
-        (mine if name in own else rest).append(arg)
-    return split_flags(mine), rest
-
-
-def cmd_validate(argv: list[str]) -> int:
+@dataclass
+class ValidateOptions:
     """Run lerobot-train's own parsing, resolution and checks for the world size a launch will
-    have; nothing is launched and nothing is written except ``--write_resolved``."""
+    have; nothing is launched and nothing is written except --write_resolved."""
+
+    nproc_per_node: int = 1  # processes per node of the launch to check for
+    nnodes: int = 1  # nodes of that launch
+    write_resolved: str | None = None  # write the resolved config (JSON) here
+
+
+def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
     from lerobot_pipe.configs.parser import to_dict
+    from lerobot_pipe.fsutil import write_json_atomic
     from lerobot_pipe.training.plan import make_plan
 
-    flags, rest = _split_own_flags(argv, {"nproc_per_node", "nnodes", "write_resolved"})
-    nproc = _take(flags, "nproc_per_node", int, 1)
-    nnodes = _take(flags, "nnodes", int, 1)
-    out = _take(flags, "write_resolved", str)
-    plan = make_plan(rest, nproc * nnodes, os.environ)
+    world_size = options.nproc_per_node * options.nnodes
+    plan = make_plan(train_args, world_size, os.environ)
     log.info(
         "config valid for %d process(es): %s; effective batch %d",
-        nproc * nnodes,
+        world_size,
         plan.dims.describe(),
         plan.resolved["effective_batch_size"],
     )
     if plan.resume_from is not None:
         log.info("would resume from %s (step %d)", plan.resume_from, plan.start_step)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        resolved = {**to_dict(plan.cfg), "resolved": plan.resolved}
-        Path(out).write_text(json.dumps(resolved, indent=4) + "\n")
+    if options.write_resolved:
+        write_json_atomic(
+            Path(options.write_resolved), {**to_dict(plan.cfg), "resolved": plan.resolved}
+        )
     return 0
 
 
-def cmd_resume_args(argv: list[str]) -> int:
-    """``--resume=true`` when --output_dir holds a complete checkpoint: lerobot-train then
+@dataclass
+class ResumeArgsOptions:
+    """Print --resume=true when --output_dir holds a complete checkpoint: lerobot-train then
     resumes from the newest one that verifies, and its flags (the pipeline's config, nulls
     included) decide everything else; the saved train_config.json is not read back."""
+
+    output_dir: str = required()  # lerobot-train's --output_dir
+
+
+def cmd_resume_args(options: ResumeArgsOptions, _: list[str]) -> int:
     from lerobot_pipe.training.checkpoint import newest_usable_checkpoint
 
-    flags = split_flags(argv)
-    output_dir = _take(flags, "output_dir", str, required=True)
-    _no_more(flags, "resume-args", ["output_dir"])
-    found = newest_usable_checkpoint(output_dir)
+    found = newest_usable_checkpoint(options.output_dir)
     if found is None:
-        log.info("no complete checkpoint in %s: training starts fresh", output_dir)
+        log.info("no complete checkpoint in %s: training starts fresh", options.output_dir)
         return 0
     latest, info = found
     log.info("resuming from %s (step %d)", latest, info["step"])
@@ -133,119 +106,151 @@ def cmd_resume_args(argv: list[str]) -> int:
     return 0
 
 
-def cmd_launch_train(argv: list[str]) -> int:
-    """The pipeline's train job (lerobot_pipe/training/launcher.py)."""
+@dataclass
+class LaunchTrainOptions:
+    """The pipeline's train job (lerobot_pipe/training/launcher.py): torchrun (srun + torchrun
+    under SLURM) resuming from the newest complete checkpoint, its progress on the terminal,
+    stopped when snakemake goes."""
+
+    nproc_per_node: int = 1  # processes per node
+    nnodes: int = 1  # nodes (more than one: inside a SLURM allocation)
+    rdzv_port: int = 29500  # rendezvous port on the first node (several nodes)
+    cpus_per_task: int = 1  # CPUs per process (OMP_NUM_THREADS of each)
+    log: str = required()  # the job's log: the trainer's whole output
+    final_checkpoint: str | None = None  # copy the final checkpoint's training_step.json here
+
+
+def cmd_launch_train(options: LaunchTrainOptions, train_args: list[str]) -> int:
     from lerobot_pipe.training.launcher import launch_train
 
-    own = {"nproc_per_node", "nnodes", "rdzv_port", "cpus_per_task", "log", "final_checkpoint"}
-    flags, rest = _split_own_flags(argv, own)
-    final = _take(flags, "final_checkpoint", str)
+    final = options.final_checkpoint
     return launch_train(
-        rest,
-        log_path=Path(_take(flags, "log", str, required=True)),
+        train_args,
+        log_path=Path(options.log),
         final_checkpoint=Path(final) if final else None,
-        nproc_per_node=_take(flags, "nproc_per_node", int, 1),
-        nnodes=_take(flags, "nnodes", int, 1),
-        rdzv_port=_take(flags, "rdzv_port", int, 29500),
-        cpus_per_task=_take(flags, "cpus_per_task", int, 1),
+        nproc_per_node=options.nproc_per_node,
+        nnodes=options.nnodes,
+        rdzv_port=options.rdzv_port,
+        cpus_per_task=options.cpus_per_task,
     )
 
 
-def cmd_check_run_lock(argv: list[str]) -> int:
+@dataclass
+class CheckRunLockOptions:
     """Exit 0 when no trainer holds --output_dir, else fail naming the one that does."""
+
+    output_dir: str = required()  # lerobot-train's --output_dir
+
+
+def cmd_check_run_lock(options: CheckRunLockOptions, _: list[str]) -> int:
     from lerobot_pipe.training.run_lock import check_run_lock
 
-    flags = split_flags(argv)
-    output_dir = _take(flags, "output_dir", str, required=True)
-    _no_more(flags, "check-run-lock", ["output_dir"])
-    check_run_lock(output_dir)
-    log.info("no trainer holds %s", output_dir)
+    check_run_lock(options.output_dir)
+    log.info("no trainer holds %s", options.output_dir)
     return 0
 
 
-def cmd_list_checkpoints(argv: list[str]) -> int:
-    from lerobot_pipe.training.checkpoint import list_complete_checkpoints
+@dataclass
+class PublishOptions:
+    """Publish a checkpoint's pretrained_model/ to the Hub (the final one to the repo root, an
+    intermediate one under checkpoints/<step>/, tagged step-<step>), then write the receipt."""
 
-    flags = split_flags(argv)
-    output_dir = _take(flags, "output_dir", str, required=True)
-    as_json = _take(flags, "json", bool, False)
-    _no_more(flags, "list-checkpoints", ["output_dir", "json"])
-    names = [p.name for p in list_complete_checkpoints(output_dir)]
-    print(json.dumps(names) if as_json else "\n".join(names))
-    return 0
+    pretrained_dir: str = required()  # the step folder or its pretrained_model/
+    repo_id: str = required()  # Hub model repo (namespace/name)
+    step: int = required()  # the checkpoint's step
+    intermediate: bool = False  # publish under checkpoints/<step>/, not at the repo root
+    private: bool | None = None  # create the repo private (default: the Hub's default)
+    endpoint: str | None = None  # Hub endpoint (default: HF_ENDPOINT, else huggingface.co)
+    receipt: str | None = None  # write the commit's receipt (JSON) here
 
 
-def cmd_publish(argv: list[str]) -> int:
+def cmd_publish(options: PublishOptions, _: list[str]) -> int:
     from lerobot_pipe.hub.publish import publish_checkpoint
 
-    flags = split_flags(argv)
-    allowed = [
-        "pretrained_dir",
-        "repo_id",
-        "step",
-        "intermediate",
-        "private",
-        "endpoint",
-        "receipt",
-    ]
-    pretrained = Path(_take(flags, "pretrained_dir", str, required=True))
-    repo_id = _take(flags, "repo_id", str, required=True)
-    step = _take(flags, "step", int, required=True)
-    intermediate = _take(flags, "intermediate", bool, False)
-    private = _take(flags, "private", bool)
-    endpoint = _take(flags, "endpoint", str)
-    receipt_path = _take(flags, "receipt", str)
-    _no_more(flags, "publish", allowed)
     receipt = publish_checkpoint(
-        pretrained,
-        repo_id,
-        intermediate=intermediate,
-        step=step,
-        private=private,
-        endpoint=endpoint,
+        Path(options.pretrained_dir),
+        options.repo_id,
+        intermediate=options.intermediate,
+        step=options.step,
+        private=options.private,
+        endpoint=options.endpoint,
     )
-    data = receipt.to_json()
-    if receipt_path:
-        Path(receipt_path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(receipt_path + ".tmp")
-        tmp.write_text(json.dumps(data, indent=4) + "\n")
-        os.replace(tmp, receipt_path)
-    log.info("published %s to %s at %s", pretrained, repo_id, data.get("commit_id"))
+    if options.receipt:
+        receipt.write(Path(options.receipt))
+    log.info("published %s to %s at %s", options.pretrained_dir, receipt.repo_id, receipt.commit_id)
     return 0
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "make-dataset": cmd_make_dataset,
-    "validate": cmd_validate,
-    "resume-args": cmd_resume_args,
-    "launch-train": cmd_launch_train,
-    "check-run-lock": cmd_check_run_lock,
-    "list-checkpoints": cmd_list_checkpoints,
-    "publish": cmd_publish,
+@dataclass(frozen=True)
+class Command:
+    options: type
+    run: Callable[..., int]
+    # Flags that are not its options go on to lerobot-train, and its errors name config keys.
+    passes_on: bool = False
+
+
+COMMANDS: dict[str, Command] = {
+    "make-dataset": Command(MakeDatasetOptions, cmd_make_dataset),
+    "validate": Command(ValidateOptions, cmd_validate, passes_on=True),
+    "resume-args": Command(ResumeArgsOptions, cmd_resume_args),
+    "launch-train": Command(LaunchTrainOptions, cmd_launch_train, passes_on=True),
+    "check-run-lock": Command(CheckRunLockOptions, cmd_check_run_lock),
+    "publish": Command(PublishOptions, cmd_publish),
 }
 
 
-PIPELINE_JOBS = ("validate", "launch-train")
+def overview() -> str:
+    lines = [f"usage: {PROG} <command> [--flag=value ...]", "", "Commands:"]
+    for name, command in COMMANDS.items():
+        text = f"  {name:<16}{summary(command.options)}"
+        lines += textwrap.wrap(text, 100, subsequent_indent=" " * 18, break_on_hyphens=False)
+    lines += ["", f"{PROG} <command> --help lists the flags of one."]
+    return "\n".join(lines)
+
+
+def command_usage(name: str) -> str:
+    command = COMMANDS[name]
+    usage = f"{PROG} {name} [--flag=value ...]"
+    if command.passes_on:
+        usage += " <lerobot-train flags>"
+    return command_help(usage, command.options, PASSES_ON if command.passes_on else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     setup_logging()
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(__doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print(overview(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, args = argv[0], argv[1:]
+    if name not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        report_error(PROG, f"unknown command {name!r}.{hint} Commands: {', '.join(COMMANDS)}")
+        return 2
+    if any(a in ("-h", "--help") for a in args):
+        print(command_usage(name))
+        return 0
     from lerobot_pipe.hub.publish import PublishError
     from lerobot_pipe.pipeline_config import with_config_keys
     from lerobot_pipe.training.plan import USER_ERRORS
     from lerobot_pipe.training.run_lock import RunLockError
 
-    errors = (*USER_ERRORS, PublishError, ValueError, FileNotFoundError)
+    command = COMMANDS[name]
     try:
-        return COMMANDS[argv[0]](argv[1:])
-    except errors as e:
-        # validate and launch-train check the pipeline's config: name its keys too.
-        message = with_config_keys(str(e)) if argv[0] in PIPELINE_JOBS else str(e)
-        log.error("lerobot-pipe %s: error: %s", argv[0], message)
+        options, rest = parse_options(command.options, args, others=command.passes_on)
+    except ConfigError as e:
+        report_error(f"{PROG} {name}", e)
+        return 2
+    try:
+        return command.run(options, rest)
+    except (*USER_ERRORS, PublishError, ValueError, FileNotFoundError) as e:
+        # validate and launch-train check lerobot-train's flags, the pipeline's config: name
+        # its keys too.
+        message = with_config_keys(str(e)) if command.passes_on else str(e)
+        report_error(f"{PROG} {name}", message)
         return 2 if isinstance(e, ConfigError | RunLockError) else 1
 
 

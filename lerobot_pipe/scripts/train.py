@@ -15,7 +15,9 @@ import logging
 import os
 import sys
 
-from lerobot_pipe.scripts.logs import setup_logging
+from lerobot_pipe.scripts.logs import report_error, setup_logging
+
+PROG = "lerobot-train"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = make_plan(argv, launched_world_size(), os.environ)
     except USER_ERRORS as e:
-        log.error("lerobot-train: error: %s", e)
+        report_error(PROG, e)
         return 2
     if plan.acknowledged_env:
         log.warning(
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         train(plan)
     except (RunLockError, *USER_ERRORS) as e:  # the run lock, or a checkpoint failing verification
         if launched_rank() == 0:
-            log.error("lerobot-train: error: %s", e)
+            report_error(PROG, e)
         return 2
     return 0
 

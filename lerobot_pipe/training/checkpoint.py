@@ -122,11 +122,6 @@ def list_complete_checkpoints(output_dir: str | Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
-    complete = list_complete_checkpoints(output_dir)
-    return complete[-1] if complete else None
-
-
 def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     """Delete ``.tmp-*`` folders left by a save that was killed (they were never complete)."""
     root = checkpoints_dir(output_dir)
@@ -155,24 +150,7 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
     return removed
 
 
-def step_dir_from_path(path: str | Path) -> Path:
-    """Accept a step folder, its pretrained_model/, a train_config.json inside it, or a `last` link."""
-    path = Path(path)
-    if path.name == C.TRAIN_CONFIG_NAME:
-        path = path.parent
-    if path.name == C.PRETRAINED_MODEL_DIR:
-        path = path.parent
-    return path
-
-
 # --------------------------------------------------------------------------- file writing helpers
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=4) + "\n")
-    fsync_path(tmp)
-    os.replace(tmp, path)
 
 
 def fsync_folders(root: Path) -> None:

@@ -45,7 +45,7 @@ from lerobot_pipe.pipeline_config import with_config_keys
 from lerobot_pipe.training.checkpoint import (
     CheckpointError,
     checkpoints_dir,
-    latest_complete_checkpoint,
+    list_complete_checkpoints,
     newest_usable_checkpoint,
     training_step_path,
 )
@@ -390,12 +390,13 @@ def launch_train(
                     terminal.line(f"  {line}")
             if returncode != 0:
                 return returncode
-            latest = latest_complete_checkpoint(output_dir)
-            if latest is None:
+            complete = list_complete_checkpoints(output_dir)
+            if not complete:
                 raise CheckpointError(
                     f"training finished but {checkpoints_dir(output_dir)} holds no complete "
                     "checkpoint (--save_checkpoint=false?)"
                 )
+            latest = complete[-1]
             if final_checkpoint is not None:
                 write_final_checkpoint(latest, final_checkpoint)
             supervisor.say(f"finished; the newest checkpoint is {latest}")

@@ -38,7 +38,7 @@ from lerobot_pipe.distributed.env_guard import AccelerateEnvError, check_acceler
 from lerobot_pipe.distributed.parallel_dims import ParallelDims, resolve_parallelism
 from lerobot_pipe.distributed.runtime import launched_rank
 from lerobot_pipe.policies import factory  # noqa: F401 - registers the policy types
-from lerobot_pipe.policies.hub import local_policy_folder
+from lerobot_pipe.policies.hub import checkpoint_step_dir, local_policy_folder, pretrained_dir
 from lerobot_pipe.policies.pretrained import ACTION, OBS_PREFIX, PreTrainedConfig
 from lerobot_pipe.policies.vision.imagenet_weights import (
     BackboneWeightsError,
@@ -51,7 +51,6 @@ from lerobot_pipe.training.checkpoint import (
     list_complete_checkpoints,
     newest_usable_checkpoint,
     read_training_step,
-    step_dir_from_path,
     validate_checkpoint_layout,
     verify_checkpoint_split,
 )
@@ -59,6 +58,8 @@ from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
+
+    from lerobot_pipe.distributed.parallelize import ShardingPlan
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class TrainingPlan:
     acknowledged_env: list[str] = field(default_factory=list)
     # --config_path named the checkpoint: it must verify (an automatic resume falls back).
     resume_explicit: bool = False
+    # How FSDP2 wraps the policy, checked on the meta device (None unless the run is sharded).
+    sharding: ShardingPlan | None = None
 
     @property
     def start_step(self) -> int:
@@ -109,8 +112,7 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
         path = _config_file(config_path, flags.get("output_dir"))
         data = read_json(path, "--config_path")
         cfg = from_dict(TrainConfig, _upgrade_legacy(data), lenient=True)
-        if path.parent.name == C.PRETRAINED_MODEL_DIR:
-            source_step = path.parent.parent
+        source_step = checkpoint_step_dir(path.parent)
     else:
         cfg = TrainConfig()
 
@@ -163,9 +165,7 @@ def _config_file(config_path: str, output_dir: str | None) -> Path:
     the run's output folder first, as LeRobot does."""
     path = Path(config_path)
     if path.is_dir():
-        step = step_dir_from_path(path)
-        candidate = step / C.PRETRAINED_MODEL_DIR / C.TRAIN_CONFIG_NAME
-        return candidate if candidate.is_file() else path / C.TRAIN_CONFIG_NAME
+        return pretrained_dir(path) / C.TRAIN_CONFIG_NAME
     if path.exists() or config_path.startswith((".", "/")) or config_path.count("/") != 1:
         return path
     from lerobot_pipe.policies.hub import download_latest_checkpoint
@@ -527,7 +527,7 @@ def make_plan(
         image_transforms=cfg.dataset.image_transforms,
         use_imagenet_stats=cfg.dataset.use_imagenet_stats,
     )
-    check_policy_plan(cfg, dims, dataset)
+    sharding = check_policy_plan(cfg, dims, dataset)
     check_backbone_weights(cfg, env)
     if len(dataset) < cfg.batch_size * dims.dp_world_size:
         log.warning(
@@ -544,6 +544,7 @@ def make_plan(
         resume_info=resume_info,
         acknowledged_env=acknowledged,
         resume_explicit=resume_explicit,
+        sharding=sharding,
     )
 
 
@@ -568,18 +569,16 @@ def _delta_timestamps(policy: PreTrainedConfig, root: Path) -> dict[str, list[fl
     return windows or None
 
 
-def check_policy_plan(cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotDataset) -> None:
+def check_policy_plan(
+    cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotDataset
+) -> ShardingPlan | None:
     """Fill the policy's features from the dataset and build the policy on the meta device with
-    its PEFT wrapper and wrap units, so that anything wrong with them (features, LoRA targets,
-    wrap classes, tied parameters, ignored modules, precision policy) fails before launch."""
+    its PEFT wrapper, so that anything wrong with them (features, LoRA targets) fails before
+    launch; for a sharded run, plan its sharding there too (wrap units, tied parameters, ignored
+    modules, precision policy): the launch applies that plan instead of deciding again."""
     import torch
 
-    from lerobot_pipe.distributed.parallelize import (
-        check_shared_parameters,
-        ignored_parameters,
-        mixed_precision_policy,
-        select_wrap_units,
-    )
+    from lerobot_pipe.distributed.parallelize import plan_sharding
     from lerobot_pipe.policies.factory import fill_features, get_policy_class
     from lerobot_pipe.policies.peft import apply_peft
 
@@ -597,11 +596,9 @@ def check_policy_plan(cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotData
                 model = apply_peft(model, cfg.peft, cfg.policy.pretrained_path)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-    if dims.is_sharded:
-        units = select_wrap_units(model, cfg.accelerator.fsdp, policy_cls._fsdp_wrap_modules)
-        check_shared_parameters(model, units)
-        ignored_parameters(model, cfg.accelerator.fsdp.ignored_modules)
-        mixed_precision_policy(cfg.accelerator)
+    if not dims.is_sharded:
+        return None
+    return plan_sharding(model, cfg.accelerator, policy_cls._fsdp_wrap_modules)
 
 
 def check_backbone_weights(cfg: TrainConfig, env: Mapping[str, str]) -> None:

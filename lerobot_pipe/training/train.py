@@ -32,7 +32,6 @@ from lerobot_pipe.distributed.parallelize import (
     autocast_dtype,
     average_gradients,
     clip_grad_norm,
-    ignored_parameters,
     make_grad_scaler,
 )
 from lerobot_pipe.distributed.runtime import (
@@ -287,7 +286,7 @@ def hold_run_lock(output_dir: Path, env: DistEnv):
             lock.release()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Session:
     """The stateful objects of a run, built and (on resume) restored, ready for the loop."""
 
@@ -369,12 +368,8 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     n_trainable = sum(p.numel() for p in trainee.parameters() if p.requires_grad)
 
     # FSDP2 neither shards nor reduces ignored parameters: their gradients are averaged here.
-    ignored = (
-        list(ignored_parameters(trainee, cfg.accelerator.fsdp.ignored_modules))
-        if dims.is_sharded
-        else []
-    )
-    model = apply_parallelism(trainee, dims, env, cfg.accelerator, type(policy)._fsdp_wrap_modules)
+    ignored = plan.sharding.ignored_parameters(trainee) if plan.sharding is not None else []
+    model = apply_parallelism(trainee, dims, env, cfg.accelerator, plan.sharding)
     # Groups from the (in place sharded) policy itself: LeRobot's grouping and parameter order.
     optimizer = make_optimizer(trainee.get_optim_params(), cfg.optimizer)
     scheduler = make_scheduler(optimizer, cfg.scheduler, cfg.steps)
@@ -396,7 +391,15 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         state.progress.samples_consumed = _explain_resume(plan, env)
     if env.is_main:
         log.info("\n%s", banner(plan, env, (n_params, n_trainable)))
-    return Session(policy, trainee, state, checkpointer, pre, post, ignored)
+    return Session(
+        policy=policy,
+        trainee=trainee,
+        state=state,
+        checkpointer=checkpointer,
+        pre=pre,
+        post=post,
+        ignored=ignored,
+    )
 
 
 def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:

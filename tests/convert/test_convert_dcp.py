@@ -17,12 +17,12 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.convert import (
     ConversionError,
     convert_checkpoint,
-    find_pretrained_dir,
     load_dcp_state_dict,
     read_dcp_metadata,
     verify_against_dcp,
 )
 from lerobot_pipe.convert import dcp_to_safetensors as mod
+from lerobot_pipe.policies.hub import pretrained_dir
 
 
 def _assert_same_tensors(path: Path, reference: Path) -> None:
@@ -118,15 +118,18 @@ def test_load_dcp_state_dict_matches_reference(dcp_step):
     assert torch.equal(partial["model.action_head.weight"], want["model.action_head.weight"])
 
 
-def test_find_pretrained_dir_accepts_step_pretrained_and_dcp_dirs(dcp_step):
+def test_pretrained_dir_accepts_step_pretrained_and_dcp_dirs(dcp_step):
+    """The one resolver of "a step folder or its pretrained_model/" (policies.hub), which the
+    converter uses."""
     step, _ = dcp_step
     pretrained = _pretrained(step)
-    assert find_pretrained_dir(step) == pretrained
-    assert find_pretrained_dir(pretrained) == pretrained
-    assert find_pretrained_dir(_dcp(step)) == pretrained
+    assert pretrained_dir(step) == pretrained
+    assert pretrained_dir(pretrained) == pretrained
+    assert pretrained_dir(_dcp(step)) == pretrained
     last = step.parent / C.LAST_CHECKPOINT_LINK
     last.symlink_to(step.name)
-    assert find_pretrained_dir(last) == last / C.PRETRAINED_MODEL_DIR
+    assert pretrained_dir(last) == last / C.PRETRAINED_MODEL_DIR
+    assert convert_checkpoint(_dcp(step)) == pretrained / C.MODEL_SAFETENSORS
 
 
 def test_second_run_changes_nothing(dcp_step, caplog):
@@ -339,7 +342,7 @@ def test_nothing_to_convert(tmp_path):
     with pytest.raises(ConversionError, match="nothing to convert"):
         convert_checkpoint(tmp_path / "step")
     with pytest.raises(ConversionError, match="nothing to convert"):
-        find_pretrained_dir(tmp_path)
+        convert_checkpoint(tmp_path)
     with pytest.raises(ConversionError, match="nothing to convert"):
         convert_checkpoint(tmp_path / "step", output_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()

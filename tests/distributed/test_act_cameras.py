@@ -103,7 +103,7 @@ def camera_plan(argv: list[str], world_size: int) -> TrainingPlan:
         resume_from = source_step.resolve()
         resume_info = validate_checkpoint_layout(resume_from)
     dataset = InMemoryCameraDataset(cfg.dataset.root, chunk=cfg.policy.chunk_size)
-    check_policy_plan(cfg, dims, dataset)
+    sharding = check_policy_plan(cfg, dims, dataset)
     check_backbone_weights(cfg, os.environ)
     return TrainingPlan(
         cfg=cfg,
@@ -112,6 +112,7 @@ def camera_plan(argv: list[str], world_size: int) -> TrainingPlan:
         output_dir=Path(cfg.output_dir),
         resume_from=resume_from,
         resume_info=resume_info,
+        sharding=sharding,
     )
 
 

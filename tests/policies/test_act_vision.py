@@ -14,7 +14,7 @@ from torch import nn
 
 from lerobot_pipe.configs.train import AcceleratorConfig, PeftConfig
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
-from lerobot_pipe.distributed.parallelize import apply_fsdp, select_wrap_units
+from lerobot_pipe.distributed.parallelize import apply_fsdp, plan_sharding, select_wrap_units
 from lerobot_pipe.distributed.runtime import DistEnv
 from lerobot_pipe.policies.act import ACTConfig, ACTPolicy
 from lerobot_pipe.policies.peft import apply_peft
@@ -252,7 +252,8 @@ def test_fsdp2_units_with_bf16_parameters(tmp_path: Path) -> None:
             rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo"
         )
         dims = ParallelDims(dp_replicate=1, dp_shard=1, world_size=1)
-        model = apply_fsdp(policy, dims, env, accelerator, ACTPolicy._fsdp_wrap_modules)
+        sharding = plan_sharding(policy, accelerator, ACTPolicy._fsdp_wrap_modules)
+        model = apply_fsdp(policy, dims, env, accelerator, sharding)
         loss, _ = model(camera_batch(cfg))
         loss.backward()
         assert loss.dtype == torch.float32 and torch.isfinite(loss)

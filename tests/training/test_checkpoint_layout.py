@@ -8,11 +8,7 @@ import os
 from launch import run_distributed
 from tiny import run_train, tiny_act_flags
 
-from lerobot_pipe.training.checkpoint import (
-    latest_complete_checkpoint,
-    list_complete_checkpoints,
-    step_folder_name,
-)
+from lerobot_pipe.training.checkpoint import list_complete_checkpoints, step_folder_name
 
 PRETRAINED = {
     "config.json",
@@ -103,7 +99,7 @@ def test_incomplete_checkpoints_are_invisible_and_temporaries_cleaned(dataset_ro
     ckpts = tmp_path / "checkpoints"
     (ckpts / "000002/training_state/training_step.json").unlink()  # as if the save never finished
     (ckpts / ".tmp-000003").mkdir()
-    assert latest_complete_checkpoint(tmp_path).name == "000001"
+    assert list_complete_checkpoints(tmp_path)[-1].name == "000001"
     run_train(
         [
             "--resume=true",

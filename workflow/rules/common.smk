@@ -100,16 +100,16 @@ def dataset_input(wildcards):
 
 
 def complete_steps():
-    """Step folder names of the complete checkpoints, ascending.
+    """Step folder names of the complete checkpoints, ascending: the library's listing,
+    which resume and the launcher use too.
 
     Called behind checkpoints.train.get(), so it lists what the finished training left.
     An unfinished save has no training_step.json yet, or still its temporary name.
+    Imported here, not at the top: it brings torch, which a dry run does not need.
     """
-    step_files = Path(TRAIN_DIR, CHECKPOINTS_DIR).glob(
-        f"*/{TRAINING_STATE_DIR}/{TRAINING_STEP}"
-    )
-    steps = (path.parent.parent.name for path in step_files)
-    return sorted((step for step in steps if step.isdigit()), key=int)
+    from lerobot_pipe.training.checkpoint import list_complete_checkpoints
+
+    return [path.name for path in list_complete_checkpoints(TRAIN_DIR)]
 
 
 def is_final_step(step):

@@ -44,40 +44,41 @@ class ACTConfig(PreTrainedConfig):
     at ``optimizer_lr_backbone``.
     """
 
-    chunk_size: int = 100
-    n_action_steps: int = 100
+    chunk_size: int = 100  # actions predicted per forward pass
+    n_action_steps: int = 100  # actions of a chunk executed before predicting again
 
-    # LeRobot's: environment state is not normalized.
+    # feature type -> normalization mode (LeRobot's: environment state is not normalized)
     normalization_mapping: dict[str, str] = field(
         default_factory=lambda: {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
     )
 
-    vision_backbone: str = "resnet18"
+    vision_backbone: str = "resnet18"  # torchvision ResNet variant for the cameras
+    # torchvision weights the backbone starts from (null: random initialization)
     pretrained_backbone_weights: str | None = "ResNet18_Weights.IMAGENET1K_V1"
-    replace_final_stride_with_dilation: bool = False
+    replace_final_stride_with_dilation: bool = False  # dilate the backbone's last stage
 
-    dim_model: int = 512
-    n_heads: int = 8
-    dim_feedforward: int = 3200
-    feedforward_activation: str = "relu"
-    n_encoder_layers: int = 4
+    dim_model: int = 512  # transformer hidden size
+    n_heads: int = 8  # attention heads
+    dim_feedforward: int = 3200  # width of the transformer feed-forward layers
+    feedforward_activation: str = "relu"  # relu or gelu
+    n_encoder_layers: int = 4  # transformer encoder layers
     # The original ACT code builds more decoder layers but only runs the first; 1 matches it.
     n_decoder_layers: int = 1
-    pre_norm: bool = False
+    pre_norm: bool = False  # layer norm before attention and feed-forward, not after
 
-    use_vae: bool = True
-    latent_dim: int = 32
-    n_vae_encoder_layers: int = 4
+    use_vae: bool = True  # train with the VAE objective (a latent style variable)
+    latent_dim: int = 32  # size of the VAE latent
+    n_vae_encoder_layers: int = 4  # layers of the VAE encoder
 
     # Weight coefficient of the temporal ensembling; None disables it (then chunks are queued).
     temporal_ensemble_coeff: float | None = None
 
-    dropout: float = 0.1
-    kl_weight: float = 10.0
+    dropout: float = 0.1  # dropout in the transformer layers
+    kl_weight: float = 10.0  # weight of the VAE's KL-divergence term in the loss
 
-    optimizer_lr: float = 1e-5
-    optimizer_weight_decay: float = 1e-4
-    optimizer_lr_backbone: float = 1e-5
+    optimizer_lr: float = 1e-5  # lr of the policy's optimizer preset
+    optimizer_weight_decay: float = 1e-4  # weight decay of the optimizer preset
+    optimizer_lr_backbone: float = 1e-5  # lr of the backbone's parameter group
 
     @classmethod
     def tiny(cls, **overrides: Any) -> ACTConfig:

@@ -98,6 +98,24 @@ def _with_pos(x: Tensor, pos_embed: Tensor | None) -> Tensor:
     return x if pos_embed is None else x + pos_embed
 
 
+def _residual(
+    x: Tensor,
+    block: Callable[[Tensor], Tensor],
+    norm: nn.Module,
+    dropout: nn.Module,
+    pre_norm: bool,
+) -> Tensor:
+    """One sub-layer of a transformer layer with its skip connection: ``x + dropout(block(norm(x)))``
+    (pre-norm) or ``norm(x + dropout(block(x)))`` (post-norm)."""
+    if pre_norm:
+        return x + dropout(block(norm(x)))
+    return norm(x + dropout(block(x)))
+
+
+def _feed_forward(layer: ACTEncoderLayer | ACTDecoderLayer, x: Tensor) -> Tensor:
+    return layer.linear2(layer.dropout(layer.activation(layer.linear1(x))))
+
+
 class ACTEncoderLayer(nn.Module):
     """Self-attention and feed-forward block, post-norm unless ``config.pre_norm``."""
 
@@ -117,23 +135,16 @@ class ACTEncoderLayer(nn.Module):
     def forward(
         self, x: Tensor, pos_embed: Tensor | None = None, key_padding_mask: Tensor | None = None
     ) -> Tensor:
-        skip = x
-        if self.pre_norm:
-            x = self.norm1(x)
-        q = k = _with_pos(x, pos_embed)
-        x = self.self_attn(q, k, value=x, key_padding_mask=key_padding_mask, need_weights=False)[0]
-        x = skip + self.dropout1(x)
-        if self.pre_norm:
-            skip = x
-            x = self.norm2(x)
-        else:
-            x = self.norm1(x)
-            skip = x
-        x = self.linear2(self.dropout(self.activation(self.linear1(x))))
-        x = skip + self.dropout2(x)
-        if not self.pre_norm:
-            x = self.norm2(x)
-        return x
+        def attend(y: Tensor) -> Tensor:
+            q = k = _with_pos(y, pos_embed)
+            return self.self_attn(
+                q, k, value=y, key_padding_mask=key_padding_mask, need_weights=False
+            )[0]
+
+        x = _residual(x, attend, self.norm1, self.dropout1, self.pre_norm)
+        return _residual(
+            x, lambda y: _feed_forward(self, y), self.norm2, self.dropout2, self.pre_norm
+        )
 
 
 class ACTEncoder(nn.Module):
@@ -181,36 +192,23 @@ class ACTDecoderLayer(nn.Module):
         decoder_pos_embed: Tensor | None = None,
         encoder_pos_embed: Tensor | None = None,
     ) -> Tensor:
-        skip = x
-        if self.pre_norm:
-            x = self.norm1(x)
-        q = k = _with_pos(x, decoder_pos_embed)
-        x = self.self_attn(q, k, value=x, need_weights=False)[0]
-        x = skip + self.dropout1(x)
-        if self.pre_norm:
-            skip = x
-            x = self.norm2(x)
-        else:
-            x = self.norm1(x)
-            skip = x
-        x = self.multihead_attn(
-            query=_with_pos(x, decoder_pos_embed),
-            key=_with_pos(encoder_out, encoder_pos_embed),
-            value=encoder_out,
-            need_weights=False,
-        )[0]
-        x = skip + self.dropout2(x)
-        if self.pre_norm:
-            skip = x
-            x = self.norm3(x)
-        else:
-            x = self.norm2(x)
-            skip = x
-        x = self.linear2(self.dropout(self.activation(self.linear1(x))))
-        x = skip + self.dropout3(x)
-        if not self.pre_norm:
-            x = self.norm3(x)
-        return x
+        def attend(y: Tensor) -> Tensor:
+            q = k = _with_pos(y, decoder_pos_embed)
+            return self.self_attn(q, k, value=y, need_weights=False)[0]
+
+        def attend_encoder(y: Tensor) -> Tensor:
+            return self.multihead_attn(
+                query=_with_pos(y, decoder_pos_embed),
+                key=_with_pos(encoder_out, encoder_pos_embed),
+                value=encoder_out,
+                need_weights=False,
+            )[0]
+
+        x = _residual(x, attend, self.norm1, self.dropout1, self.pre_norm)
+        x = _residual(x, attend_encoder, self.norm2, self.dropout2, self.pre_norm)
+        return _residual(
+            x, lambda y: _feed_forward(self, y), self.norm3, self.dropout3, self.pre_norm
+        )
 
 
 class ACTDecoder(nn.Module):
