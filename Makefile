@@ -67,7 +67,7 @@ test: $(VENV)/.installed $(UPSTREAM)
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/snakefmt --check Snakefile workflow/
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakefmt --check Snakefile workflow/
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --lint
 
 clean:
