@@ -20,21 +20,19 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from lerobot_pipe.configs.choice import ChoiceRegistry
+from lerobot_pipe.configs.types import (  # noqa: F401 - re-exported: the policies' names
+    ACTION,
+    FEATURE_TYPES,
+    NORMALIZATION_MODES,
+    OBS_ENV_STATE,
+    OBS_IMAGES_PREFIX,
+    OBS_PREFIX,
+    OBS_STATE,
+)
 from lerobot_pipe.constants import CONFIG_NAME, MODEL_DCP_DIR, MODEL_SAFETENSORS
 
 if TYPE_CHECKING:
     from lerobot_pipe.configs.optim import OptimizerConfig, SchedulerConfig
-
-# Feature keys of LeRobot datasets and batches.
-OBS_PREFIX = "observation."
-OBS_STATE = "observation.state"
-OBS_ENV_STATE = "observation.environment_state"
-OBS_IMAGES_PREFIX = "observation.images."
-ACTION = "action"
-
-# Policy feature types and normalization modes (LeRobot's FeatureType / NormalizationMode values).
-FEATURE_TYPES = ("STATE", "ENV", "ACTION", "VISUAL")
-NORMALIZATION_MODES = ("MEAN_STD", "MIN_MAX", "QUANTILES", "QUANTILE10", "IDENTITY")
 
 
 def _check_features(features: Any, field_name: str) -> None:

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lerobot_pipe.constants import POLICY_POSTPROCESSOR_NAME, POLICY_PREPROCESSOR_NAME
-from lerobot_pipe.policies.pretrained import PreTrainedConfig
 from lerobot_pipe.processors.normalize import NormalizerProcessorStep, UnnormalizerProcessorStep
 from lerobot_pipe.processors.pipeline import PolicyProcessorPipeline
 from lerobot_pipe.processors.steps import (
@@ -26,6 +25,9 @@ from lerobot_pipe.processors.steps import (
     DeviceProcessorStep,
     RenameObservationsProcessorStep,
 )
+
+if TYPE_CHECKING:
+    from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
 
 def make_pre_post_processors(

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lerobot_pipe.policies.pretrained import ACTION, FEATURE_TYPES, NORMALIZATION_MODES
+from lerobot_pipe.configs.types import ACTION, FEATURE_TYPES, NORMALIZATION_MODES
 from lerobot_pipe.processors.pipeline import Batch, ProcessorError, ProcessorStep, register_step
 
 _MODE_STATS = {

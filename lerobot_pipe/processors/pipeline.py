@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Self
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from lerobot_pipe.policies.pretrained import ACTION
+from lerobot_pipe.configs.types import ACTION
 
 Batch = dict[str, Any]
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lerobot_pipe.policies.pretrained import ACTION, OBS_ENV_STATE, OBS_IMAGES_PREFIX, OBS_STATE
+from lerobot_pipe.configs.types import ACTION, OBS_ENV_STATE, OBS_IMAGES_PREFIX, OBS_STATE
 from lerobot_pipe.processors.pipeline import Batch, ProcessorError, ProcessorStep, register_step
 
 OBS_IMAGE = "observation.image"

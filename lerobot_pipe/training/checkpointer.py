@@ -53,7 +53,7 @@ from torch.distributed.tensor import DTensor
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.distributed.runtime import barrier, gather_objects
-from lerobot_pipe.fsutil import fsync_path
+from lerobot_pipe.fsutil import fsync_path, write_json_atomic
 from lerobot_pipe.training.checkpoint import (
     CheckpointError,
     checkpoints_dir,
@@ -68,7 +68,6 @@ from lerobot_pipe.training.checkpoint import (
     scaler_state,
     step_folder_name,
     update_last_link,
-    write_json_atomic,
 )
 from lerobot_pipe.training.faults import fault_point, saving_step
 from lerobot_pipe.training.manifest import HashingFileSystemWriter, file_entry, ordered
