@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lerobot_pipe.configs.parser import ConfigError
 from lerobot_pipe.configs.train import AcceleratorConfig, FSDPConfig
+from lerobot_pipe.distributed.batch_norm import convert_sync_batch_norm
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.runtime import DistEnv
 
@@ -216,7 +217,10 @@ def apply_parallelism(
     accelerator: AcceleratorConfig,
     policy_wrap_modules: list[str],
 ) -> nn.Module:
-    """Move ``model`` to the device and wrap it for ``dims``; returns the module to call."""
+    """Move ``model`` to the device and wrap it for ``dims``; returns the module to call. With
+    ``accelerator.sync_batch_norm`` its batch norms first become cross-rank ones."""
+    if accelerator.sync_batch_norm:
+        convert_sync_batch_norm(model)
     if dims.is_sharded:
         return apply_fsdp(model, dims, env, accelerator, policy_wrap_modules)
     model.to(env.device)

@@ -42,6 +42,7 @@ from lerobot_pipe.policies.pretrained import (
 )
 from lerobot_pipe.policies.vision import (
     BasicBlock,
+    BatchNorm2d,
     Bottleneck,
     load_imagenet_weights,
     resnet_backbone,
@@ -120,7 +121,7 @@ class DiffusionRgbEncoder(nn.Module):
         self.resize_shape = config.resize_shape
         self.crop_shape = config.crop_shape
         self.crop_is_random = config.crop_is_random
-        norm_layer = group_norm_16 if config.use_group_norm else nn.BatchNorm2d
+        norm_layer = group_norm_16 if config.use_group_norm else BatchNorm2d
         resnet = resnet_backbone(config.vision_backbone, norm_layer=norm_layer)
         if pretrained_backbone and config.pretrained_backbone_weights:
             load_imagenet_weights(

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 # Builds the normalization layer of ``num_features`` channels that follows each convolution.
@@ -74,6 +75,33 @@ class FrozenBatchNorm2d(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class BatchNorm2d(nn.BatchNorm2d):
+    """``nn.BatchNorm2d`` (same state, names and arithmetic) whose affine terms take its running
+    statistics' precision when they differ: FSDP2's mixed precision casts parameters to bf16 but
+    not buffers, and batch norm kernels accept a low-precision input only with fp32 affine terms
+    and statistics. The output keeps the input's dtype."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        stats = self.running_mean
+        if not self.affine or stats is None or self.weight.dtype == stats.dtype:
+            return super().forward(x)
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # a cumulative average
+                momentum = 1.0 / float(self.num_batches_tracked)
+        return F.batch_norm(
+            x,
+            stats,
+            self.running_var,
+            self.weight.to(stats.dtype),
+            self.bias.to(stats.dtype),
+            self.training,
+            momentum,
+            self.eps,
+        )
 
 
 def group_norm_16(num_features: int) -> nn.GroupNorm:
