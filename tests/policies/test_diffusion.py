@@ -24,7 +24,8 @@ from lerobot_pipe.policies.pretrained import PreTrainedConfig
 from lerobot_pipe.policies.vision import BatchNorm2d
 
 CAMERAS = ("observation.images.top", "observation.images.wrist")
-HW, STATE_DIM, ENV_DIM, ACTION_DIM = (32, 32), 2, 3, 2
+# 48x48: the smallest frames whose resnet18 feature map (2x2) the spatial softmax can use.
+HW, STATE_DIM, ENV_DIM, ACTION_DIM = (48, 48), 2, 3, 2
 
 
 def make_config(
@@ -89,7 +90,7 @@ def test_default_size_and_wrap_units() -> None:
         ({"horizon": 10}, r"multiple of 2\*\*len\(down_dims\) = 4"),
         ({"n_action_steps": 8}, r"n_action_steps \(8\) must be <= horizon - n_obs_steps \+ 1"),
         ({"use_group_norm": True, "pretrained_backbone_weights": "IMAGENET1K_V1"}, "=null"),
-        ({"crop_shape": (40, 40)}, r"does not fit in the camera frames \[32, 32\]"),
+        ({"crop_shape": (50, 40)}, r"does not fit in the camera frames \[48, 48\]"),
         ({"noise_scheduler_type": "PNDM"}, "noise_scheduler_type must be one of"),
         ({"prediction_type": "v_prediction"}, "prediction_type must be one of"),
         ({"num_inference_steps": 11}, r"num_inference_steps \(11\) must lie in"),
@@ -117,8 +118,8 @@ def test_feature_rules() -> None:
 def test_crop_follows_resize_and_ratio() -> None:
     assert make_config(resize_shape=[48, 40], crop_ratio=0.5).crop_shape == (24, 20)
     assert make_config(resize_shape=[48, 40], crop_shape=[10, 10]).crop_shape is None
-    cfg = make_config(crop_shape=[28, 28])
-    assert cfg.crop_shape == (28, 28) and cfg.down_dims == (16, 32)
+    cfg = make_config(crop_shape=[40, 40])
+    assert cfg.crop_shape == (40, 40) and cfg.down_dims == (16, 32)
     assert cfg.observation_delta_indices == [-1, 0]
     assert cfg.action_delta_indices == list(range(-1, 7))
 
@@ -140,12 +141,14 @@ def test_loss_of_a_sample_does_not_depend_on_its_batch() -> None:
     """The per-sample noise, step and crop come from its key: the loss of a batch is the mean
     of its samples' losses (group norm: no batch statistics), however it is split."""
     torch.manual_seed(0)
-    cfg = make_config(use_group_norm=True, crop_shape=[28, 28])
+    cfg = make_config(use_group_norm=True, crop_shape=[40, 40])
     policy = DiffusionPolicy(cfg).train()
     batch = make_batch(cfg)
     whole = policy(batch)[0]
     parts = torch.stack([policy(rows(batch, slice(i, i + 2)))[0] for i in (0, 2)]).mean()
     torch.testing.assert_close(whole, parts, rtol=1e-6, atol=1e-6)
+    whole.backward()  # the camera matters: its ResNet's stem gets a gradient
+    assert policy.diffusion.rgb_encoder[0].backbone[0].weight.grad.abs().sum() > 0
     assert torch.equal(policy(batch)[0], whole)  # the same keys: the same draws
     other = dict(batch, **{SAMPLE_KEY: batch[SAMPLE_KEY] + 50})
     assert not torch.equal(policy(other)[0], whole)
@@ -163,7 +166,7 @@ def test_random_crops_per_sample_and_camera_centre_in_eval() -> None:
     keys = torch.arange(64)
     offsets = model._crop_offsets(keys, HW)
     assert offsets.shape == (64, 2, 2)
-    assert offsets[..., 0].max() == 12 and offsets[..., 1].max() == 8 and offsets.min() == 0
+    assert offsets[..., 0].max() == 28 and offsets[..., 1].max() == 24 and offsets.min() == 0
     assert not torch.equal(offsets[:, 0], offsets[:, 1])  # cameras crop independently
     encoder = model.rgb_encoder[0]
     frames = torch.rand(3, 3, *HW)
@@ -172,7 +175,7 @@ def test_random_crops_per_sample_and_camera_centre_in_eval() -> None:
         assert torch.equal(crop[i], frames[i, :, top : top + 20, left : left + 24])
     model.eval()
     assert model._crop_offsets(keys, HW) is None
-    assert torch.equal(encoder._crop(frames, None), frames[:, :, 6:26, 4:28])
+    assert torch.equal(encoder._crop(frames, None), frames[:, :, 14:34, 12:36])
 
 
 def test_resize_is_antialiased_bilinear() -> None:
@@ -280,7 +283,7 @@ def test_fsdp2_units_with_bf16_parameters(tmp_path: Path) -> None:
     )
     try:
         torch.manual_seed(0)
-        cfg = make_config(cameras=CAMERAS, env=True, crop_shape=[28, 28])
+        cfg = make_config(cameras=CAMERAS, env=True, crop_shape=[40, 40])
         policy = DiffusionPolicy(cfg).train()
         accelerator = AcceleratorConfig(mixed_precision="bf16")
         env = DistEnv(

@@ -10,6 +10,7 @@ rule dataset:
         "../../envs/lerobot_pipe.yaml"
     params:
         synthetic=config["dataset"]["synthetic"],
+        cameras=",".join(config["dataset"]["synthetic"]["cameras"]),
     shell:
         # Written beside the output and renamed: an interrupted job leaves no output.
         """
@@ -17,6 +18,7 @@ rule dataset:
         lerobot-pipe make-dataset --root={output}.tmp \
             --num_episodes={params.synthetic[num_episodes]} \
             --episode_length={params.synthetic[episode_length]} \
-            --seed={params.synthetic[seed]} >{log} 2>&1
+            --seed={params.synthetic[seed]} \
+            --cameras={params.cameras:q} --image_size={params.synthetic[image_size]} >{log} 2>&1
         mv {output}.tmp {output}
         """
