@@ -319,3 +319,22 @@ def test_lora_trains_the_film_and_first_convolutions_only() -> None:
         optimizer.step()
     after = dict(policy.named_parameters())
     assert all(torch.equal(after[n], v) for n, v in base.items())
+
+
+def test_gradient_checkpointing_and_compile_keep_the_numbers_and_names() -> None:
+    torch.manual_seed(0)
+    cfg = make_config(env=True)
+    plain = DiffusionPolicy(cfg).train()
+    checkpointed = DiffusionPolicy(make_config(env=True, gradient_checkpointing=True)).train()
+    checkpointed.load_state_dict(plain.state_dict())
+    batch = make_batch(cfg)
+    losses = []
+    for policy in (plain, checkpointed):
+        loss, _ = policy(batch)
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1], rtol=0, atol=0)
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7, msg=name)
+    compiled = DiffusionPolicy(make_config(env=True, compile_model=True))  # compiled lazily
+    assert list(compiled.state_dict()) == list(plain.state_dict())

@@ -1,10 +1,12 @@
 """`policy.type: diffusion` through the pipeline: a synthetic dataset with a camera, validate,
-FSDP2 training on 2 processes with DCP checkpoints, conversion; the converted folder loads
-strictly as a DiffusionPolicy with its processors."""
+FSDP2 training on 2 processes with DCP checkpoints, conversion, publishing with a model card to a
+local Hub server; the converted folder and the Hub repository load strictly as a DiffusionPolicy
+with its processors."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 import yaml
 from snakemake_runs import RUN, Workspace
 from tiny import TINY_DIFFUSION
@@ -29,12 +31,15 @@ def diffusion_config(workspace: Workspace) -> dict:
     return config
 
 
-def test_diffusion_policy_runs_end_to_end(tmp_path):
+def test_diffusion_policy_runs_end_to_end(hub_server, tmp_path):
     workspace = Workspace.fresh(tmp_path / "repo")
     # The whole config file: a --configfile on top would merge ACT's policy keys into ours.
     workspace.write_config("config/config.yaml", diffusion_config(workspace))
-    result = workspace.run_ok("--cores", "2")
-    assert result.jobs()["train"] == 1 and result.jobs()["convert"] == 2
+    repo_id = "alice/tiny-diffusion"
+    hub = ["--config", f"hub_repo_id={repo_id}", f"hub_endpoint={hub_server.url}"]
+    result = workspace.run_ok("--cores", "2", *hub, env=hub_server.env())
+    jobs = result.jobs()
+    assert (jobs["train"], jobs["convert"], jobs["publish"]) == (1, 2, 1)
     assert workspace.complete_checkpoints() == ["000002", "000004"]
     assert workspace.converted_steps() == ["000002", "000004"]
     final = workspace.final_checkpoint()
@@ -46,3 +51,8 @@ def test_diffusion_policy_runs_end_to_end(tmp_path):
     )
     pre, _ = make_pre_post_processors(policy.config, pretrained_path=folder)
     assert pre.steps[-1].norm_map == {"VISUAL": "MEAN_STD", "STATE": "MIN_MAX", "ACTION": "MIN_MAX"}
+    card = hub_server.read_file(repo_id, "README.md").decode()
+    assert "diffusion" in card.split("---")[1]  # the policy type is a tag of the model card
+    published = DiffusionPolicy.from_pretrained(repo_id)  # from the Hub, strict
+    for key, value in policy.state_dict().items():
+        assert torch.equal(published.state_dict()[key], value), key

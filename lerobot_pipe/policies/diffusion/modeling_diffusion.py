@@ -145,6 +145,11 @@ class DiffusionRgbEncoder(nn.Module):
             top = int(round((x.shape[-2] - height) / 2.0))
             left = int(round((x.shape[-1] - width) / 2.0))
             return x[..., top : top + height, left : left + width]
+        if offsets is None:
+            raise ValueError(
+                "random crops in training need each frame's offsets: pass the batch's "
+                f"{SAMPLE_KEY!r} (or call eval() for centre crops)"
+            )
         rows = offsets[:, 0, None] + torch.arange(height, device=x.device)
         cols = offsets[:, 1, None] + torch.arange(width, device=x.device)
         frames = torch.arange(len(x), device=x.device)[:, None, None]
