@@ -321,6 +321,8 @@ def test_lora_trains_the_film_and_first_convolutions_only() -> None:
     assert all(torch.equal(after[n], v) for n, v in base.items())
 
 
+# nn.Module.compile imports torch._dynamo, which warns about torch.jit on import.
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:torch.jit")
 def test_gradient_checkpointing_and_compile_keep_the_numbers_and_names() -> None:
     torch.manual_seed(0)
     cfg = make_config(env=True)
