@@ -152,6 +152,42 @@ def wrap_policy(policy, dims, env) -> torch.nn.Module:
     return apply_parallelism(policy, dims, env, accelerator, sharding)
 
 
+def diffusion_policy_and_data(
+    dataset_root: Path,
+    batch_size: int,
+    seed: int = 0,
+    rank: int = 0,
+    dp_world_size: int = 1,
+):
+    """(policy, dataset, sampler, preprocessor) of Diffusion Policy at LeRobot's default size
+    (random-init resnet18), built the way make_plan + train build them: delta timestamps from the
+    policy's windows, the sampler off each episode's last drop_n_last_frames frames."""
+    from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset
+    from lerobot_pipe.policies.diffusion import DiffusionConfig
+    from lerobot_pipe.policies.factory import make_policy
+    from lerobot_pipe.processors import make_pre_post_processors
+    from lerobot_pipe.training.plan import sample_indices
+
+    cfg = DiffusionConfig(pretrained_backbone_weights=None)
+    probe = LeRobotDataset(dataset_root)
+    fps = probe.fps
+    windows = {
+        key: [i / fps for i in cfg.observation_delta_indices]
+        for key in probe.features
+        if key.startswith("observation.")
+    }
+    windows["action"] = [i / fps for i in cfg.action_delta_indices]
+    ds = LeRobotDataset(dataset_root, delta_timestamps=windows)
+    torch.manual_seed(seed)
+    policy = make_policy(cfg, ds.features)
+    policy.train()
+    pre, _ = make_pre_post_processors(cfg, dataset_stats=ds.stats)
+    sampler = GlobalBatchSampler(
+        len(ds), batch_size, rank, dp_world_size, seed, indices=sample_indices(cfg, ds)
+    )
+    return policy, ds, sampler, pre
+
+
 def n_params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 

@@ -1,12 +1,15 @@
 """Camera loader: samples/s against LeRobot 0.6.1's loader and a bare decode loop; where the time goes.
 
     .venv/bin/python bench/bench_camera_loading.py [--reps 3] [--seconds 4] [--batch 8]
+        [--configs act,window2,diffusion]
 
 Dataset: the synthetic reaching task, 50 episodes x 100 frames at 10 fps, two cameras (``top``,
 ``wrist``) of 96x96 encoded as LeRobot encodes (AV1 libsvtav1, yuv420p, g=2, crf 30), 5,000
-frames per camera file. Two configurations of delta timestamps, as lerobot-train resolves them:
-``act`` (ACT: one frame per camera, an action chunk of 100) and ``window2`` (every observation.*
-over 2 frames, 16 actions: Diffusion Policy's defaults).
+frames per camera file. Three configurations of delta timestamps, as lerobot-train resolves them:
+``act`` (ACT: one frame per camera, an action chunk of 100), ``window2`` (every observation.*
+over 2 frames, 16 actions) and ``diffusion`` (Diffusion Policy at LeRobot 0.6.1's defaults:
+every observation.* over n_obs_steps=2 frames, horizon 64 actions, and both samplers off each
+episode's last drop_n_last_frames=7 frames).
 
 A (ours): ``BatchPrefetcher(dataset, GlobalBatchSampler, num_workers)``, torchcodec, uint8
 cameras (``raw_cameras=True``: what LeRobot's ``return_uint8`` loader delivers), and the same
@@ -43,8 +46,10 @@ from lerobot_pipe.datasets import (
     BatchPrefetcher,
     GlobalBatchSampler,
     LeRobotDataset,
+    episode_frames,
     write_synthetic_dataset,
 )
+from lerobot_pipe.policies.diffusion import DiffusionConfig
 
 UPSTREAM = os.environ.get("LEROBOT_UPSTREAM_PYTHON", "/work/upstream/up061/bin/python")
 HERE = Path(__file__).resolve().parent
@@ -53,10 +58,19 @@ TARGET_VS_LEROBOT = 1.2
 TARGET_VS_BARE = 0.8
 
 
+CONFIGS = ("act", "window2", "diffusion")
+DIFFUSION = DiffusionConfig()
+
+
 def delta_timestamps(config: str, features: dict, fps: int) -> dict[str, list[float]]:
-    """What lerobot-train resolves for ACT (``act``) and for a 2-frame policy (``window2``)."""
+    """What lerobot-train resolves for ACT (``act``), a 2-frame policy (``window2``) and
+    Diffusion Policy's defaults (``diffusion``)."""
     if config == "act":
         return {"action": [i / fps for i in range(100)]}
+    if config == "diffusion":
+        obs, actions = DIFFUSION.observation_delta_indices, DIFFUSION.action_delta_indices
+        window = {k: [i / fps for i in obs] for k in features if k.startswith("observation.")}
+        return window | {"action": [i / fps for i in actions]}
     window = {key: [-1 / fps, 0.0] for key in features if key.startswith("observation.")}
     return window | {"action": [(i - 1) / fps for i in range(16)]}
 
@@ -67,8 +81,18 @@ def open_dataset(root: Path, config: str) -> LeRobotDataset:
     return LeRobotDataset(root, delta_timestamps=deltas, video_backend="torchcodec")
 
 
-def ours_rate(ds: LeRobotDataset, batch: int, workers: int, seconds: float, raw: bool) -> float:
-    sampler = GlobalBatchSampler(len(ds), batch, 0, 1, seed=1000)
+def drawable(ds: LeRobotDataset, config: str) -> np.ndarray | None:
+    """The positions lerobot-train's sampler draws from (``diffusion``: not an episode's last
+    drop_n_last_frames)."""
+    if config != "diffusion":
+        return None
+    return episode_frames(*ds.episode_bounds, drop_n_last_frames=DIFFUSION.drop_n_last_frames)
+
+
+def ours_rate(
+    ds: LeRobotDataset, config: str, batch: int, workers: int, seconds: float, raw: bool
+) -> float:
+    sampler = GlobalBatchSampler(len(ds), batch, 0, 1, seed=1000, indices=drawable(ds, config))
     with BatchPrefetcher(ds, sampler, workers, raw_cameras=raw) as loader:
         for _ in range(2 * max(workers, 1) + 2):
             loader.next()
@@ -119,7 +143,9 @@ def bare_rate(root: Path, config: str, batch: int, seconds: float, grouped: bool
     decoders = {
         key: VideoDecoder(str(p), seek_mode="approximate") for key, p in index.paths.items()
     }
-    sampler = GlobalBatchSampler(len(index.episode), batch, 0, 1, seed=1000)
+    sampler = GlobalBatchSampler(
+        len(index.episode), batch, 0, 1, seed=1000, indices=drawable(LeRobotDataset(root), config)
+    )
     samples, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         rows = sampler.next_indices()
@@ -248,7 +274,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
     args = ap.parse_args()
+    configs = args.configs.split(",")
+    unknown = sorted(set(configs) - set(CONFIGS))
+    if unknown:
+        ap.error(f"--configs: unknown {unknown}; choose among {', '.join(CONFIGS)}")
     tmp = c.bench_tmp("camera_loading")
     started = time.perf_counter()
     root = write_synthetic_dataset(
@@ -274,7 +305,7 @@ def main() -> None:
 
     results: dict[tuple, list[float]] = {}
     for rep in range(args.reps):
-        for config in ("act", "window2"):
+        for config in configs:
             ds = open_dataset(root, config)
             for workers in (1, 2):
                 runs = [("A uint8", True), ("A float", False)] + [("B", None)] * have_lerobot
@@ -284,7 +315,7 @@ def main() -> None:
                     if raw is None:
                         rate = lerobot_rate(root, config, args.batch, workers, args.seconds)
                     else:
-                        rate = ours_rate(ds, args.batch, workers, args.seconds, raw)
+                        rate = ours_rate(ds, config, args.batch, workers, args.seconds, raw)
                     results.setdefault((config, workers, name), []).append(rate)
             for grouped in (False, True):
                 name = "C grouped" if grouped else "C"
@@ -298,7 +329,7 @@ def main() -> None:
         f"  {'config':8s} {'workers':>7s} {'A uint8':>9s} {'A float':>9s} {'B LeRobot':>10s} {'A/B':>6s}"
     )
     verdicts = []
-    for config in ("act", "window2"):
+    for config in configs:
         for workers in (1, 2):
             a, f = med[(config, workers, "A uint8")], med[(config, workers, "A float")]
             b = med.get((config, workers, "B"))
@@ -307,7 +338,7 @@ def main() -> None:
             if b:
                 verdicts.append(a / b >= TARGET_VS_LEROBOT)
     print("\nper worker vs the bare loop (one thread, same decoder, same frames):")
-    for config in ("act", "window2"):
+    for config in configs:
         bare, floor = med[(config, 1, "C")], med[(config, 1, "C grouped")]
         for workers in (1, 2):
             per = med[(config, workers, "A uint8")] / workers
@@ -318,7 +349,7 @@ def main() -> None:
                 f"(ratio {per / floor:.2f})"
             )
     print("\nscaling with workers (2 / 1):")
-    for config in ("act", "window2"):
+    for config in configs:
         ours = med[(config, 2, "A uint8")] / med[(config, 1, "A uint8")]
         theirs = f"{med[(config, 2, 'B')] / med[(config, 1, 'B')]:.2f}" if have_lerobot else "-"
         print(f"  {config:8s} ours {ours:.2f}, LeRobot {theirs}")

@@ -1,12 +1,14 @@
-"""Per-rank memory of a ~100 MB fp32 ACT under FSDP2 at dp_shard = 1, 2, 4.
+"""Per-rank memory of a ~100 MB fp32 ACT (or Diffusion Policy at LeRobot's default size, ~263M
+parameters) under FSDP2 at dp_shard = 1, 2, 4.
 
-    .venv/bin/python bench/bench_fsdp_memory.py [--reps 2] [--shards 1,2,4]
+    .venv/bin/python bench/bench_fsdp_memory.py [--reps 2] [--shards 1,2,4] [--policy diffusion]
 
 Each topology runs through tests/launch.py's ``run_distributed`` (forked ranks, real gloo
 process groups); the model is built like the trainer builds it and wrapped by
 ``lerobot_pipe.distributed.parallelize.apply_parallelism`` with a ``ParallelDims`` (dp_shard=1 on
-one rank is the plain single-process path). After ONE AdamW step (gradients kept) each rank
-reports:
+one rank is the plain single-process path). After ONE optimizer step (gradients kept; AdamW for
+ACT, Adam with LeRobot's preset for Diffusion Policy, whose batch also holds one 96x96 camera over
+its 2 observation steps) each rank reports:
   * the bytes of its local shards of parameters, gradients and optimizer state
     (``DTensor.to_local()``), and their ratio to the dp_shard=1 figure (target <= 1/N + 10%,
     read as <= 1.1/N);
@@ -54,21 +56,31 @@ def _nbytes(tensors) -> int:
     return total
 
 
-def rank_main(dp_shard: int, dataset_root: str) -> dict:
+def rank_main(dp_shard: int, dataset_root: str, policy_type: str) -> dict:
     base = c.rss_parts()  # post-import (imports inherited from the parent), before anything else
     env = init_distributed()
     try:
         after_pg = c.rss_parts()
         dims = ParallelDims(dp_replicate=1, dp_shard=dp_shard, world_size=dp_shard)
-        policy, ds, sampler, pre = c.act_policy_and_data(
-            SIZE, dataset_root, BATCH, seed=1000, rank=env.rank, dp_world_size=dims.dp_world_size
-        )
+        if policy_type == "diffusion":
+            policy, ds, sampler, pre = c.diffusion_policy_and_data(
+                dataset_root, BATCH, seed=1000, rank=env.rank, dp_world_size=dims.dp_world_size
+            )
+            optimizer_cfg = policy.config.get_optimizer_preset()
+        else:
+            policy, ds, sampler, pre = c.act_policy_and_data(
+                SIZE,
+                dataset_root,
+                BATCH,
+                seed=1000,
+                rank=env.rank,
+                dp_world_size=dims.dp_world_size,
+            )
+            optimizer_cfg = AdamWConfig(lr=1e-5, weight_decay=1e-4)
         global_params = c.n_params(policy)
         stages = {"process group": after_pg, "model built": c.rss_parts()}
         model = c.wrap_policy(policy, dims, env)
-        optimizer = make_optimizer(
-            policy.get_optim_params(), AdamWConfig(lr=1e-5, weight_decay=1e-4)
-        )
+        optimizer = make_optimizer(policy.get_optim_params(), optimizer_cfg)
         stages["wrapped"] = c.rss_parts()
         loss, _ = model(pre(ds.get_batch(sampler.next_indices())))
         loss.backward()
@@ -102,21 +114,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--shards", default="1,2,4")
+    ap.add_argument("--policy", choices=("act", "diffusion"), default="act")
     args = ap.parse_args()
     shards = [int(s) for s in args.shards.split(",")]
 
     tmp = c.bench_tmp("fsdp_memory")
-    root = str(c.synthetic_dataset(tmp / "dataset", num_episodes=4, episode_length=50))
-    print(
-        f"model: ACT {SIZE} {c.ACT_SIZES[SIZE]}; per-rank batch {BATCH}; AdamW; {c.machine_load()}"
-    )
+    if args.policy == "diffusion":
+        from lerobot_pipe.datasets import write_synthetic_dataset
+
+        root = str(
+            write_synthetic_dataset(
+                tmp / "dataset", num_episodes=4, episode_length=80, cameras=["top"], image_size=96
+            )
+        )
+        model = "Diffusion Policy at LeRobot 0.6.1's defaults, one 96x96 camera; Adam (preset)"
+    else:
+        root = str(c.synthetic_dataset(tmp / "dataset", num_episodes=4, episode_length=50))
+        model = f"ACT {SIZE} {c.ACT_SIZES[SIZE]}; AdamW"
+    print(f"model: {model}; per-rank batch {BATCH}; {c.machine_load()}")
 
     runs: dict[int, list[list[dict]]] = {n: [] for n in shards}
     for rep in range(args.reps):
         order = shards if rep % 2 == 0 else shards[::-1]
         for n in order:
             with c.Timer() as t:
-                res = run_distributed(rank_main, n, n, root, timeout=600)
+                res = run_distributed(rank_main, n, n, root, args.policy, timeout=1800)
             runs[n].append(res)
             print(
                 f"rep {rep} dp_shard={n}: {t.s:.1f}s, per-rank state "

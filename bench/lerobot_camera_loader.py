@@ -5,7 +5,9 @@
 ``LeRobotDataset(video_backend="torchcodec", return_uint8=True, tolerance_s=1e-4)`` with the
 delta timestamps lerobot-train resolves for CONFIG (``act``: an action chunk of 100 steps,
 one frame per camera; ``window2``: every observation.* feature over 2 frames, 16 actions from
-the previous step, as Diffusion Policy's defaults), its EpisodeAwareSampler (shuffle, seed),
+the previous step; ``diffusion``: LeRobot 0.6.1's DiffusionConfig defaults, 2 frames and 64
+actions, the sampler off each episode's last drop_n_last_frames), its EpisodeAwareSampler
+(shuffle, seed),
 and ``torch.utils.data.DataLoader`` with lerobot-train's options (``num_workers``,
 ``prefetch_factor=4``, ``persistent_workers=True``, ``multiprocessing_context="spawn"``,
 ``pin_memory`` off on CPU, ``drop_last=False``). After a warm-up (workers started, queues
@@ -25,6 +27,13 @@ from lerobot.datasets.lerobot_dataset import LeRobotDataset
 def delta_timestamps(config: str, features: dict, fps: int) -> dict[str, list[float]]:
     if config == "act":
         return {"action": [i / fps for i in range(100)]}
+    if config == "diffusion":
+        from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
+
+        cfg = DiffusionConfig()
+        obs, actions = cfg.observation_delta_indices, cfg.action_delta_indices
+        window = {k: [i / fps for i in obs] for k in features if k.startswith("observation.")}
+        return window | {"action": [i / fps for i in actions]}
     window = {key: [-1 / fps, 0.0] for key in features if key.startswith("observation.")}
     return window | {"action": [(i - 1) / fps for i in range(16)]}
 
@@ -42,9 +51,15 @@ def main() -> None:
         return_uint8=True,
         tolerance_s=1e-4,
     )
+    drop = 0
+    if config == "diffusion":
+        from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
+
+        drop = DiffusionConfig().drop_n_last_frames
     sampler = EpisodeAwareSampler(
         dataset.meta.episodes["dataset_from_index"],
         dataset.meta.episodes["dataset_to_index"],
+        drop_n_last_frames=drop,
         shuffle=True,
         seed=1000,
     )

@@ -70,6 +70,11 @@ DATASET_SYNTHETIC_PARAMS = "meta/synthetic.json"
 # Pipeline receipts.
 PUBLISH_RECEIPT = "publish_receipt.json"
 
+# The batch key of each sample's random key (int64): the run's seed and the sample's position in
+# the sampler's stream. Policies draw per-sample training randomness from it
+# (lerobot_pipe/policies/keyed_random.py), image augmentations use the same key.
+SAMPLE_KEY = "sample_key"
+
 # Environment variables.
 ENV_ALLOW_ACCELERATE = "LEROBOT_ALLOW_ACCELERATE_ENV"
 ENV_FAULT_POINT = "LEROBOT_PIPE_FAULT_POINT"

@@ -20,3 +20,18 @@ def dataset_root(tmp_path_factory):
     return write_synthetic_dataset(
         tmp_path_factory.mktemp("data") / "ds", num_episodes=20, episode_length=50
     )
+
+
+@pytest.fixture(scope="session")
+def diffusion_camera_root(tmp_path_factory):
+    """The synthetic reaching task with a 48x48 ``top`` camera (AV1), for Diffusion Policy: the
+    smallest frames whose resnet18 feature map (2x2) gives the spatial softmax something to do."""
+    from lerobot_pipe.datasets import write_synthetic_dataset
+
+    return write_synthetic_dataset(
+        tmp_path_factory.mktemp("data") / "camera48",
+        num_episodes=6,
+        episode_length=30,
+        cameras=["top"],
+        image_size=48,
+    )

@@ -1,4 +1,5 @@
-"""Flags for a tiny, fast ACT and a helper to run lerobot-train's library path in-process."""
+"""Flags for a tiny, fast ACT and Diffusion Policy, and a helper to run lerobot-train's library
+path in-process."""
 
 from __future__ import annotations
 
@@ -31,6 +32,34 @@ WITH_SCHEDULER = {
     "scheduler.peak_lr": 1e-3,
     "scheduler.decay_lr": 1e-4,
 }
+
+
+# A tiny Diffusion Policy (DIFFUSION_TINY_PRESET) with a randomly initialized resnet18.
+TINY_DIFFUSION = {
+    "policy.type": "diffusion",
+    "policy.horizon": 8,
+    "policy.n_action_steps": 4,
+    "policy.drop_n_last_frames": 3,
+    "policy.down_dims": "[16,32]",
+    "policy.kernel_size": 3,
+    "policy.n_groups": 4,
+    "policy.diffusion_step_embed_dim": 16,
+    "policy.spatial_softmax_num_keypoints": 8,
+    "policy.num_train_timesteps": 10,
+    "policy.pretrained_backbone_weights": "null",
+}
+
+
+def tiny_diffusion_flags(**overrides) -> list[str]:
+    flags = {
+        **TINY_DIFFUSION,
+        "policy.optimizer_lr": 1e-3,
+        "policy.scheduler_warmup_steps": 1,
+        "num_workers": 0,
+        "log_freq": 1,
+        **overrides,
+    }
+    return [f"--{k}={v}" for k, v in flags.items() if v is not None]
 
 
 def tiny_act_flags(**overrides) -> list[str]:

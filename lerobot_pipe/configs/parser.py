@@ -136,7 +136,9 @@ def _describe(tp: Any) -> str:
         )
         if name is None:
             origin = typing.get_origin(member)
-            name = {list: "a JSON list", dict: "a JSON object"}.get(origin or member, str(member))
+            name = {list: "a JSON list", tuple: "a JSON list", dict: "a JSON object"}.get(
+                origin or member, str(member)
+            )
         names.append(name)
     return " or ".join(names) + (" or null" if optional else "")
 
@@ -180,6 +182,25 @@ def convert_value(raw: Any, tp: Any, flag: str) -> Any:
                 raise ValueError
             return str(raw)
         origin = typing.get_origin(inner)
+        if origin is tuple or inner is tuple:
+            # A JSON list (or comma list) of the tuple's item types, as LeRobot's draccus reads
+            # tuple[int, ...], tuple[int, int] and a bare tuple.
+            value = raw
+            if isinstance(raw, str):
+                text = raw.strip()
+                value = (
+                    json.loads(text) if text.startswith("[") else [s for s in text.split(",") if s]
+                )
+            if not isinstance(value, list | tuple):
+                raise ValueError
+            args = typing.get_args(inner)
+            if len(args) == 2 and args[1] is Ellipsis:
+                args = (args[0],) * len(value)
+            elif args and len(args) != len(value):
+                raise ValueError
+            if not args:
+                return tuple(value)
+            return tuple(convert_value(v, t, flag) for v, t in zip(value, args, strict=True))
         if origin is list:
             value = raw
             if isinstance(raw, str):

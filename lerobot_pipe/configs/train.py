@@ -161,6 +161,9 @@ class AcceleratorConfig:
     )
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
+    # lerobot_pipe's: trainable batch norms normalize by the statistics of the whole
+    # data-parallel batch (lerobot_pipe/distributed/batch_norm.py).
+    sync_batch_norm: bool = field(default=False, metadata=OMIT_AT_DEFAULT)
 
 
 @dataclass

@@ -3,13 +3,14 @@ sampling, prefetching."""
 
 from lerobot_pipe.datasets.lerobot_dataset import DatasetError, LeRobotDataset, resolve_dataset_root
 from lerobot_pipe.datasets.prefetch import BatchPrefetcher
-from lerobot_pipe.datasets.sampler import GlobalBatchSampler
+from lerobot_pipe.datasets.sampler import GlobalBatchSampler, episode_frames
 from lerobot_pipe.datasets.synthetic import write_synthetic_dataset
 
 __all__ = [
     "BatchPrefetcher",
     "DatasetError",
     "GlobalBatchSampler",
+    "episode_frames",
     "LeRobotDataset",
     "resolve_dataset_root",
     "write_synthetic_dataset",

@@ -480,6 +480,7 @@ class LeRobotDataset:
         lengths = ends - starts
         self.num_frames = len(episode_index)
         self.num_episodes = len(starts)
+        self._episode_bounds = (starts, ends)
         # Per-row [from, to) bounds (row positions) of the row's episode.
         self._ep_from = np.repeat(starts, lengths)
         self._ep_to = np.repeat(ends, lengths)
@@ -538,6 +539,11 @@ class LeRobotDataset:
                 )
             offsets[key] = frames.astype(np.int64)
         return offsets
+
+    @property
+    def episode_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each episode's ``[from, to)`` row positions (the positions ``get_batch`` takes)."""
+        return self._episode_bounds
 
     def __len__(self) -> int:
         return self.num_frames

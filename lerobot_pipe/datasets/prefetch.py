@@ -16,6 +16,7 @@ import threading
 import numpy as np
 import torch
 
+from lerobot_pipe.constants import SAMPLE_KEY
 from lerobot_pipe.datasets.lerobot_dataset import LeRobotDataset
 from lerobot_pipe.datasets.sampler import GlobalBatchSampler
 from lerobot_pipe.datasets.transforms import sample_keys
@@ -25,7 +26,8 @@ Batch = dict[str, torch.Tensor]
 
 
 class BatchPrefetcher:
-    """Yields ``dataset.get_batch(sampler.next_indices())`` step after step.
+    """Yields ``dataset.get_batch(sampler.next_indices())`` step after step, each batch with its
+    samples' keys (``sample_key``).
 
     With ``num_workers > 0``, that many threads prepare up to ``prefetch`` batches (default
     ``2 * num_workers``) ahead of the consumer, batch ``k`` from the sampler's position plus
@@ -86,17 +88,20 @@ class BatchPrefetcher:
             thread.start()
 
     def _load(self, sampler: GlobalBatchSampler) -> tuple[np.ndarray, np.ndarray, Batch]:
-        """The batch at ``sampler``'s position (advancing it), keys, and indices."""
+        """The batch at ``sampler``'s position (advancing it), keys, and indices. The batch
+        carries each sample's key as ``sample_key`` (int64), for per-sample randomness."""
         keys = sample_keys(sampler.seed, sampler.next_positions())
         indices = sampler.next_indices()
         if not self._cameras:
-            return indices, keys, self.dataset.get_batch(indices)
-        batch = self.dataset.get_batch(
-            indices,
-            sample_keys=keys,
-            raw_cameras=self._raw,
-            pin_memory=self._pin,
-        )
+            batch = self.dataset.get_batch(indices)
+        else:
+            batch = self.dataset.get_batch(
+                indices,
+                sample_keys=keys,
+                raw_cameras=self._raw,
+                pin_memory=self._pin,
+            )
+        batch[SAMPLE_KEY] = torch.from_numpy(keys.view(np.int64))
         return indices, keys, batch
 
     def _work(self, sampler: GlobalBatchSampler) -> None:

@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lerobot_pipe.configs.parser import ConfigError
 from lerobot_pipe.configs.train import AcceleratorConfig, FSDPConfig
+from lerobot_pipe.distributed.batch_norm import convert_sync_batch_norm
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.runtime import DistEnv
 
@@ -254,7 +255,10 @@ def apply_parallelism(
     sharding: ShardingPlan | None = None,
 ) -> nn.Module:
     """Move ``model`` to the device and wrap it for ``dims`` (a sharded ``dims`` needs the
-    ``sharding`` planned for it); returns the module to call."""
+    ``sharding`` planned for it); returns the module to call. With
+    ``accelerator.sync_batch_norm`` its batch norms first become cross-rank ones."""
+    if accelerator.sync_batch_norm:
+        convert_sync_batch_norm(model)
     if dims.is_sharded:
         if sharding is None:
             raise ValueError("a sharded topology needs its ShardingPlan (plan_sharding)")

@@ -1,11 +1,16 @@
 """Build policy configs, policies and their processors by type name (LeRobot's
-``lerobot.policies.factory`` API: scripts written against it port by changing the import)."""
+``lerobot.policies.factory`` API: scripts written against it port by changing the import).
+
+Importing this module imports every policy package (:func:`discover_policies`), which registers
+their configs and classes."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import pkgutil
 from typing import Any
 
-from lerobot_pipe.policies.act import ACTPolicy
 from lerobot_pipe.policies.pretrained import (
     PreTrainedConfig,
     PreTrainedPolicy,
@@ -14,6 +19,7 @@ from lerobot_pipe.policies.pretrained import (
 from lerobot_pipe.processors import make_pre_post_processors
 
 __all__ = [
+    "discover_policies",
     "fill_features",
     "get_policy_class",
     "make_policy",
@@ -21,7 +27,21 @@ __all__ = [
     "make_pre_post_processors",
 ]
 
-_POLICY_CLASSES: dict[str, type[PreTrainedPolicy]] = {ACTPolicy.name: ACTPolicy}
+_PACKAGE = __name__.rpartition(".")[0]
+
+
+def discover_policies() -> list[str]:
+    """Import each policy package of ``lerobot_pipe.policies``: a subpackage ``<type>/`` holding
+    ``modeling_<type>.py`` (LeRobot's layout; ``vision/`` and other shared packages hold none).
+    Its config registers with ``@PreTrainedConfig.register_subclass("<type>")`` and its policy
+    class by setting ``name = "<type>"``. Returns the packages found."""
+    package = importlib.import_module(_PACKAGE)
+    found = []
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.ispkg and importlib.util.find_spec(f"{_PACKAGE}.{info.name}.modeling_{info.name}"):
+            importlib.import_module(f"{_PACKAGE}.{info.name}")
+            found.append(info.name)
+    return found
 
 
 def make_policy_config(policy_type: str, **fields: Any) -> PreTrainedConfig:
@@ -31,11 +51,12 @@ def make_policy_config(policy_type: str, **fields: Any) -> PreTrainedConfig:
 
 def get_policy_class(policy_type: str) -> type[PreTrainedPolicy]:
     """The policy class of ``policy_type``; ValueError listing known types."""
+    classes = PreTrainedPolicy.policy_classes()
     try:
-        return _POLICY_CLASSES[policy_type]
+        return classes[policy_type]
     except KeyError:
         raise ValueError(
-            f"unknown policy type {policy_type!r}; known types: {sorted(_POLICY_CLASSES)}"
+            f"unknown policy type {policy_type!r}; known types: {sorted(classes)}"
         ) from None
 
 
@@ -76,3 +97,6 @@ def make_policy(
 
         return load_pretrained_policy(cfg.pretrained_path, config=cfg)
     return policy_cls(cfg, pretrained_parts=pretrained_parts)
+
+
+discover_policies()

@@ -30,8 +30,15 @@ def apply_peft(policy: PreTrainedPolicy, peft_cfg: PeftConfig, base_path: str | 
     if peft_cfg.method_type != "LORA":
         raise ValueError(f"--peft.method_type={peft_cfg.method_type!r}: only LORA is supported")
     targets = peft_cfg.target_modules or list(type(policy)._peft_target_modules)
-    present = {name.rsplit(".", 1)[-1] for name, _ in policy.named_modules()}
-    missing = [t for t in targets if t not in present]
+    names = [name for name, _ in policy.named_modules() if name]
+    present = {name.rsplit(".", 1)[-1] for name in names}
+    # peft's rule: a target names a module, or the end of its dotted path ("cond_encoder.1").
+    # A string is peft's regex over full names, not checked here.
+    missing = [
+        t
+        for t in ([] if isinstance(targets, str) else targets)
+        if not any(n == t or n.endswith("." + t) for n in names)
+    ]
     if missing:
         raise ValueError(
             f"--peft.target_modules: {', '.join(missing)} match no module name of the "

@@ -243,14 +243,40 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
 
     ``forward`` takes an already normalized batch and returns ``(loss, loss_dict)``; the
     processors in ``lerobot_pipe.processors`` normalize inputs and unnormalize actions.
+
+    A subclass that sets ``name`` registers itself under it (``policy_classes()``); its
+    ``config_class`` must be the config registered under the same name.
     """
 
     config_class: ClassVar[type[PreTrainedConfig]]
     name: ClassVar[str]
+    _registry: ClassVar[dict[str, type[PreTrainedPolicy]]] = {}
     # Class names of the submodules that become FSDP2 wrap units.
     _fsdp_wrap_modules: ClassVar[list[str]] = []
     # Module names LoRA adapts when --peft.target_modules is not given.
     _peft_target_modules: ClassVar[list[str]] = []
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if name is None:  # an intermediate base, or a class that only wraps a policy
+            return
+        config_type = getattr(cls.__dict__.get("config_class"), "type", None)
+        if config_type != name:
+            raise TypeError(
+                f"{cls.__qualname__}.name is {name!r} but its config_class is registered as "
+                f"{config_type!r}: decorate the config with @PreTrainedConfig.register_subclass"
+                f"({name!r}) and set config_class to it"
+            )
+        registered = PreTrainedPolicy._registry.get(name)
+        if registered is not None and registered is not cls:
+            raise ValueError(f"policy {name!r} is already registered by {registered.__qualname__}")
+        PreTrainedPolicy._registry[name] = cls
+
+    @staticmethod
+    def policy_classes() -> dict[str, type[PreTrainedPolicy]]:
+        """Every registered policy class by type name."""
+        return dict(PreTrainedPolicy._registry)
 
     def __init__(self, config: PreTrainedConfig, *, pretrained_parts: bool = True) -> None:
         """``pretrained_parts``: load the pretrained sub-networks the config names (e.g. an

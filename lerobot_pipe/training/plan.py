@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from lerobot_pipe import constants as C
 from lerobot_pipe.configs.optim import CosineDecayWithWarmupSchedulerConfig
 from lerobot_pipe.configs.parser import (
@@ -33,7 +35,12 @@ from lerobot_pipe.configs.train import (
     PEFT_METHODS,
     TrainConfig,
 )
-from lerobot_pipe.datasets import DatasetError, LeRobotDataset, resolve_dataset_root
+from lerobot_pipe.datasets import (
+    DatasetError,
+    LeRobotDataset,
+    episode_frames,
+    resolve_dataset_root,
+)
 from lerobot_pipe.distributed.env_guard import AccelerateEnvError, check_accelerate_env
 from lerobot_pipe.distributed.parallel_dims import ParallelDims, resolve_parallelism
 from lerobot_pipe.distributed.runtime import launched_rank
@@ -529,10 +536,13 @@ def make_plan(
     )
     sharding = check_policy_plan(cfg, dims, dataset)
     check_backbone_weights(cfg, env)
-    if len(dataset) < cfg.batch_size * dims.dp_world_size:
+    drawable = sample_indices(cfg.policy, dataset)
+    n_drawable = len(dataset) if drawable is None else len(drawable)
+    if n_drawable < cfg.batch_size * dims.dp_world_size:
         log.warning(
-            "the dataset has %d frames, fewer than one global batch (%d); samples repeat within a step",
-            len(dataset),
+            "the dataset has %d frames to sample, fewer than one global batch (%d); samples "
+            "repeat within a step",
+            n_drawable,
             cfg.batch_size * dims.dp_world_size,
         )
     return TrainingPlan(
@@ -569,6 +579,20 @@ def _delta_timestamps(policy: PreTrainedConfig, root: Path) -> dict[str, list[fl
     return windows or None
 
 
+def sample_indices(policy: PreTrainedConfig, dataset: LeRobotDataset) -> np.ndarray | None:
+    """The dataset positions the sampler draws from: every frame, or, for a policy with a
+    ``drop_n_last_frames`` field (LeRobot's convention, e.g. Diffusion Policy), each episode's
+    frames but its last ``drop_n_last_frames``. None means every frame. ConfigError when no
+    frame is left."""
+    drop = getattr(policy, "drop_n_last_frames", 0) or 0
+    if not drop:
+        return None
+    try:
+        return episode_frames(*dataset.episode_bounds, drop_n_last_frames=drop)
+    except ValueError as e:
+        raise ConfigError(f"--policy.drop_n_last_frames={drop} on {dataset.root}: {e}") from None
+
+
 def check_policy_plan(
     cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotDataset
 ) -> ShardingPlan | None:
@@ -590,7 +614,10 @@ def check_policy_plan(
         ) from None
     policy_cls = get_policy_class(cfg.policy.type)
     with torch.device("meta"):
-        model = policy_cls(cfg.policy, pretrained_parts=False)
+        try:
+            model = policy_cls(cfg.policy, pretrained_parts=False)
+        except ImportError as e:  # an optional dependency of the policy (diffusers)
+            raise ConfigError(f"--policy.type={cfg.policy.type}: {e}") from None
         if cfg.peft is not None:
             try:
                 model = apply_peft(model, cfg.peft, cfg.policy.pretrained_path)

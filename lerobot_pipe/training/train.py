@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lerobot_pipe import constants as C
 from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
+from lerobot_pipe.distributed.batch_norm import broadcast_batch_norm_stats
 from lerobot_pipe.distributed.parallelize import (
     apply_parallelism,
     autocast_dtype,
@@ -58,7 +59,7 @@ from lerobot_pipe.training import faults
 from lerobot_pipe.training.checkpoint import load_checkpoint, remove_stale_temporaries
 from lerobot_pipe.training.checkpointer import Checkpointer
 from lerobot_pipe.training.optim import make_optimizer, make_scheduler
-from lerobot_pipe.training.plan import TrainingPlan, verify_resume
+from lerobot_pipe.training.plan import TrainingPlan, sample_indices, verify_resume
 from lerobot_pipe.training.progress import Progress
 from lerobot_pipe.training.run_lock import RunLock, RunLockError, acquire_run_lock
 from lerobot_pipe.training.state import TrainState
@@ -435,6 +436,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
         dp_world_size=dims.dp_world_size,
         seed=cfg.seed,
         start_sample=state.progress.samples_consumed,
+        indices=sample_indices(cfg.policy, plan.dataset),
     )
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers, device=env.device)
     metrics = MetricsLog(plan, env.is_main)
@@ -492,7 +494,7 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
                     "grad_norm": float(grad_norm),
                     "lr": optimizer.param_groups[0]["lr"],
                     "samples_per_s": window_samples / elapsed if elapsed > 0 else 0.0,
-                    "epoch": sampler.samples_consumed / len(plan.dataset),
+                    "epoch": sampler.epochs_consumed,
                 }
                 metrics.log(record)
                 progress.set_loss(record["loss"])
@@ -512,6 +514,9 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
             if cfg.save_checkpoint and (
                 (cfg.save_freq > 0 and step % cfg.save_freq == 0) or step == cfg.steps
             ):
+                # Every topology saves rank 0's batch norm statistics (DDP's; FSDP2 keeps each
+                # rank's own): lerobot_pipe/distributed/batch_norm.py.
+                broadcast_batch_norm_stats(model)
                 state.progress.step = step
                 state.progress.samples_consumed = sampler.samples_consumed
                 checkpointer.save(state)

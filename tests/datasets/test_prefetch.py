@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from lerobot_pipe.configs.train import ImageTransformsConfig
+from lerobot_pipe.constants import SAMPLE_KEY
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler, LeRobotDataset
+from lerobot_pipe.datasets.transforms import sample_keys
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -16,10 +18,12 @@ def test_prefetcher_matches_direct_loading(synthetic_root: Path, num_workers: in
     with BatchPrefetcher(ds, sampler, num_workers) as prefetcher:
         for step in range(12):
             batch = prefetcher.next()
+            keys = sample_keys(4, reference.next_positions()).view(np.int64)
             expected = ds.get_batch(reference.next_indices())
-            assert batch.keys() == expected.keys()
-            for key in batch:
+            assert batch.keys() == expected.keys() | {SAMPLE_KEY}
+            for key in expected:
                 torch.testing.assert_close(batch[key], expected[key])
+            np.testing.assert_array_equal(batch[SAMPLE_KEY].numpy(), keys)
             # The sampler counts batches handed out, not those prepared ahead.
             assert sampler.samples_consumed == (step + 1) * 32
     prefetcher.close()  # idempotent

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from lerobot_pipe.datasets import GlobalBatchSampler
+from lerobot_pipe.datasets import GlobalBatchSampler, episode_frames
 
 
 def _steps(sampler: GlobalBatchSampler, n: int) -> list[np.ndarray]:
@@ -72,3 +72,37 @@ def test_invalid_arguments(kwargs: dict) -> None:
     args = {"num_samples": 10, "batch_size": 2, "dp_rank": 0, "dp_world_size": 2, "seed": 0}
     with pytest.raises(ValueError):
         GlobalBatchSampler(**(args | kwargs))
+
+
+def test_episode_frames_drop_each_episodes_last_frames(caplog) -> None:
+    starts, ends = np.array([0, 10, 13]), np.array([10, 13, 20])
+    np.testing.assert_array_equal(
+        episode_frames(starts, ends, drop_n_last_frames=3), [*range(0, 7), *range(13, 17)]
+    )  # the 3-frame episode has none left: skipped, with a warning
+    assert "1 of 3 episodes have no frame left" in caplog.text
+    np.testing.assert_array_equal(
+        episode_frames(starts, ends, 1, 1), [*range(1, 9), 11, *range(14, 19)]
+    )
+    with pytest.raises(ValueError, match="no frame is left to sample"):
+        episode_frames(starts, ends, drop_n_last_frames=10)
+
+
+def test_drawing_from_some_positions_keeps_the_order_rules() -> None:
+    """A subset of positions: each once per epoch, the same global batch however it is split,
+    sample-exact resume."""
+    keep = np.array([1, 2, 3, 5, 8, 13, 21, 34, 35])
+    one = GlobalBatchSampler(40, 4, 0, 1, seed=3, indices=keep)
+    ranks = [GlobalBatchSampler(40, 2, r, 2, seed=3, indices=keep) for r in range(2)]
+    stream = []
+    for _ in range(9):
+        expected = one.next_indices()
+        np.testing.assert_array_equal(np.concatenate([s.next_indices() for s in ranks]), expected)
+        stream.append(expected)
+    stream = np.concatenate(stream)  # 36 draws: 4 epochs of 9
+    for epoch in range(4):
+        np.testing.assert_array_equal(np.sort(stream[epoch * 9 : (epoch + 1) * 9]), keep)
+    assert one.epoch == 4 and one.epochs_consumed == 4.0
+    resumed = GlobalBatchSampler(40, 4, 0, 1, seed=3, start_sample=16, indices=keep)
+    np.testing.assert_array_equal(resumed.next_indices(), stream[16:20])
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, num_samples=40\)"):
+        GlobalBatchSampler(40, 4, 0, 1, seed=3, indices=np.array([0, 40]))

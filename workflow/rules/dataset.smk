@@ -19,7 +19,7 @@ rule dataset:
         lerobot-pipe make-dataset --root={output}.tmp \
             --num_episodes={params.synthetic[num_episodes]} \
             --episode_length={params.synthetic[episode_length]} \
-            --seed={params.synthetic[seed]} --cameras={params.cameras} \
+            --seed={params.synthetic[seed]} --cameras={params.cameras:q} \
             --image_size={params.synthetic[image_size]} \
             --pixels_only={params.pixels_only} >{log} 2>&1
         mv {output}.tmp {output}

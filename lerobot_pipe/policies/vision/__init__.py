@@ -10,6 +10,7 @@ from lerobot_pipe.policies.vision.imagenet_weights import (
 from lerobot_pipe.policies.vision.resnet import (
     RESNET_VARIANTS,
     BasicBlock,
+    BatchNorm2d,
     Bottleneck,
     FrozenBatchNorm2d,
     ResNetBackbone,
@@ -20,6 +21,7 @@ __all__ = [
     "RESNET_VARIANTS",
     "BackboneWeightsError",
     "BasicBlock",
+    "BatchNorm2d",
     "Bottleneck",
     "FrozenBatchNorm2d",
     "ResNetBackbone",

@@ -114,7 +114,8 @@ def _check_file(path: Path, backbone: nn.Module, label: str) -> dict[str, torch.
     if not isinstance(state, dict):
         raise BackboneWeightsError(f"{path} ({label}) does not hold a state dict; delete it")
     state = _feature_extractor_state(state)
-    expected = backbone.state_dict()
+    # A trainable batch norm's update counter is not in torchvision's files; loading sets it.
+    expected = _feature_extractor_state(backbone.state_dict())
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     wrong = sorted(k for k in set(expected) & set(state) if state[k].shape != expected[k].shape)

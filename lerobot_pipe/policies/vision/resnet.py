@@ -1,12 +1,14 @@
 """ResNet feature extractors (He et al. 2016) written with torch alone, under torchvision's names.
 
 LeRobot builds its camera backbones as ``torchvision.models.<resnetNN>(norm_layer=
-FrozenBatchNorm2d, replace_stride_with_dilation=[False, False, d])`` and keeps layer4's feature
-map. :class:`ResNetBackbone` is that network: the same modules in the same order (``conv1``,
-``bn1``, ``relu``, ``maxpool``, ``layer1`` .. ``layer4``; no ``avgpool``/``fc``), so its state
-dict has torchvision's keys and LeRobot's checkpoints load into it strictly and back; for the
-same weights it computes the same features as torchvision's model (tests/policies/
-test_lerobot_act_vision.py runs torchvision itself, in LeRobot's environment, to check it).
+FrozenBatchNorm2d, replace_stride_with_dilation=[False, False, d])`` (ACT) or with torchvision's
+default trainable ``nn.BatchNorm2d``, optionally replaced by ``nn.GroupNorm`` (Diffusion Policy),
+and keeps layer4's feature map. :class:`ResNetBackbone` is that network: the same modules in the
+same order (``conv1``, ``bn1``, ``relu``, ``maxpool``, ``layer1`` .. ``layer4``; no
+``avgpool``/``fc``) with the normalization layer ``norm_layer`` makes, so its state dict has
+torchvision's keys and LeRobot's checkpoints load into it strictly and back; for the same weights
+it computes the same features as torchvision's model (tests/policies/test_lerobot_act_vision.py
+runs torchvision itself, in LeRobot's environment, to check it).
 
 Why not depend on torchvision (measured 2026-12 on the 2-core CI machine, see docs/vision.md):
 torchvision's registry wheels load only beside torch's CUDA build (their ``_C`` extension links
@@ -21,8 +23,14 @@ lines; the pretrained weights are torchvision's own files, fetched with torch.hu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
+
+# Builds the normalization layer of ``num_features`` channels that follows each convolution.
+NormLayer = Callable[[int], nn.Module]
 
 
 class FrozenBatchNorm2d(nn.Module):
@@ -69,6 +77,38 @@ class FrozenBatchNorm2d(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
+class BatchNorm2d(nn.BatchNorm2d):
+    """``nn.BatchNorm2d`` (same state, names and arithmetic) whose affine terms take its running
+    statistics' precision when they differ: FSDP2's mixed precision casts parameters to bf16 but
+    not buffers, and batch norm kernels accept a low-precision input only with fp32 affine terms
+    and statistics. The output keeps the input's dtype."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        stats = self.running_mean
+        if not self.affine or stats is None or self.weight.dtype == stats.dtype:
+            return super().forward(x)
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # a cumulative average
+                momentum = 1.0 / float(self.num_batches_tracked)
+        return F.batch_norm(
+            x,
+            stats,
+            self.running_var,
+            self.weight.to(stats.dtype),
+            self.bias.to(stats.dtype),
+            self.training,
+            momentum,
+            self.eps,
+        )
+
+
+def group_norm_16(num_features: int) -> nn.GroupNorm:
+    """LeRobot's replacement of batch norm in Diffusion Policy's encoder: groups of 16 channels."""
+    return nn.GroupNorm(num_groups=num_features // 16, num_channels=num_features)
+
+
 def _conv3x3(in_planes: int, out_planes: int, stride: int = 1, dilation: int = 1) -> nn.Conv2d:
     return nn.Conv2d(
         in_planes,
@@ -97,15 +137,16 @@ class BasicBlock(nn.Module):
         stride: int = 1,
         downsample: nn.Module | None = None,
         dilation: int = 1,
+        norm_layer: NormLayer = FrozenBatchNorm2d,
     ) -> None:
         super().__init__()
         if dilation > 1:
             raise ValueError("BasicBlock has no dilated variant (torchvision's neither)")
         self.conv1 = _conv3x3(inplanes, planes, stride)
-        self.bn1 = FrozenBatchNorm2d(planes)
+        self.bn1 = norm_layer(planes)
         self.relu = nn.ReLU(inplace=True)
         self.conv2 = _conv3x3(planes, planes)
-        self.bn2 = FrozenBatchNorm2d(planes)
+        self.bn2 = norm_layer(planes)
         self.downsample = downsample
 
     def forward(self, x: Tensor) -> Tensor:
@@ -128,14 +169,15 @@ class Bottleneck(nn.Module):
         stride: int = 1,
         downsample: nn.Module | None = None,
         dilation: int = 1,
+        norm_layer: NormLayer = FrozenBatchNorm2d,
     ) -> None:
         super().__init__()
         self.conv1 = _conv1x1(inplanes, planes)
-        self.bn1 = FrozenBatchNorm2d(planes)
+        self.bn1 = norm_layer(planes)
         self.conv2 = _conv3x3(planes, planes, stride, dilation)
-        self.bn2 = FrozenBatchNorm2d(planes)
+        self.bn2 = norm_layer(planes)
         self.conv3 = _conv1x1(planes, planes * self.expansion)
-        self.bn3 = FrozenBatchNorm2d(planes * self.expansion)
+        self.bn3 = norm_layer(planes * self.expansion)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
@@ -162,10 +204,14 @@ RESNET_VARIANTS: dict[str, tuple[Block, tuple[int, int, int, int]]] = {
 class ResNetBackbone(nn.Module):
     """A ResNet up to layer4: (B, 3, H, W) -> (B, out_channels, H/32, W/32) (H/16, W/16 with a
     dilated last stage). Convolutions start as torchvision's (Kaiming normal, fan-out); the
-    frozen batch norms as identities."""
+    normalization layers (``norm_layer``: frozen batch norm by default) as identities."""
 
     def __init__(
-        self, block: Block, depths: tuple[int, int, int, int], dilate_last_stage: bool = False
+        self,
+        block: Block,
+        depths: tuple[int, int, int, int],
+        dilate_last_stage: bool = False,
+        norm_layer: NormLayer = FrozenBatchNorm2d,
     ) -> None:
         super().__init__()
         if dilate_last_stage and block is BasicBlock:
@@ -175,8 +221,10 @@ class ResNetBackbone(nn.Module):
             )
         self._inplanes = 64
         self._dilation = 1
+        self._norm_layer = norm_layer
+        self.dilate_last_stage = dilate_last_stage
         self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
-        self.bn1 = FrozenBatchNorm2d(64)
+        self.bn1 = norm_layer(64)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         self.layer1 = self._make_stage(block, 64, depths[0], stride=1)
@@ -199,21 +247,51 @@ class ResNetBackbone(nn.Module):
         if stride != 1 or self._inplanes != planes * block.expansion:
             downsample = nn.Sequential(
                 _conv1x1(self._inplanes, planes * block.expansion, stride),
-                FrozenBatchNorm2d(planes * block.expansion),
+                self._norm_layer(planes * block.expansion),
             )
-        blocks = [block(self._inplanes, planes, stride, downsample, first_dilation)]
+        norm = self._norm_layer
+        blocks = [block(self._inplanes, planes, stride, downsample, first_dilation, norm)]
         self._inplanes = planes * block.expansion
-        blocks += [block(self._inplanes, planes, dilation=self._dilation) for _ in range(1, depth)]
+        blocks += [
+            block(self._inplanes, planes, dilation=self._dilation, norm_layer=norm)
+            for _ in range(1, depth)
+        ]
         return nn.Sequential(*blocks)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
+    def feature_map_size(self, height: int, width: int) -> tuple[int, int]:
+        """The (h, w) of layer4's feature map for (height, width) frames, by the convolution
+        arithmetic (no forward pass: the model may sit on the meta device)."""
 
-def resnet_backbone(name: str, replace_final_stride_with_dilation: bool = False) -> ResNetBackbone:
-    """The backbone ``name`` (one of :data:`RESNET_VARIANTS`), randomly initialized."""
+        def down(size: int, kernel: int, stride: int, padding: int) -> int:
+            return (size + 2 * padding - kernel) // stride + 1
+
+        sizes = []
+        for size in (height, width):
+            size = down(down(size, 7, 2, 3), 3, 2, 1)  # conv1, maxpool
+            size = down(down(size, 3, 2, 1), 3, 2, 1)  # layer2, layer3
+            if not self.dilate_last_stage:
+                size = down(size, 3, 2, 1)  # layer4
+            sizes.append(size)
+        return sizes[0], sizes[1]
+
+
+def resnet_backbone(
+    name: str,
+    replace_final_stride_with_dilation: bool = False,
+    norm_layer: NormLayer = FrozenBatchNorm2d,
+) -> ResNetBackbone:
+    """The backbone ``name`` (one of :data:`RESNET_VARIANTS`), randomly initialized, with
+    ``norm_layer`` after each convolution (frozen batch norm, as ACT's, by default)."""
     if name not in RESNET_VARIANTS:
         raise ValueError(f"unknown ResNet {name!r}; choose one of {', '.join(RESNET_VARIANTS)}")
     block, depths = RESNET_VARIANTS[name]
-    return ResNetBackbone(block, depths, dilate_last_stage=replace_final_stride_with_dilation)
+    return ResNetBackbone(
+        block,
+        depths,
+        dilate_last_stage=replace_final_stride_with_dilation,
+        norm_layer=norm_layer,
+    )
