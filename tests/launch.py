@@ -4,12 +4,16 @@ Also the environment for starting real launchers, and a stand-in trainer holding
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
+import queue as queue_module
+import signal
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +43,8 @@ def _child(
     import torch
 
     torch.set_num_threads(1)
+    # On a timeout the parent asks every rank where it stands (see _report_hang).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         # Plain pickle copies tensor data inline; the queue's own reducer would pass shared-memory
         # handles that vanish when this process exits.
@@ -55,6 +61,30 @@ _HOLD_RUN_LOCK = (
     "print('held', flush=True)\n"
     "time.sleep(600)\n"
 )
+
+
+def _report_hang(procs: list) -> str:
+    """Each live rank's Python stacks (faulthandler, on its stderr) and the CPU scheduling of
+    its threads and of every real-time thread on the machine (a SCHED_FIFO process starves
+    the ranks on a small machine)."""
+    lines = []
+    for r, p in enumerate(procs):
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGUSR1)
+            lines.append(f"rank {r} (pid {p.pid}) alive; its stacks follow on stderr")
+        else:
+            lines.append(f"rank {r} (pid {p.pid}) exited with {p.exitcode}")
+    ps = subprocess.run(
+        ["ps", "-eLo", "pid,tid,cls,rtprio,pcpu,stat,comm"], capture_output=True, text=True
+    ).stdout.splitlines()
+    pids = {str(p.pid) for p in procs}
+    lines += [
+        line
+        for line in ps[1:]
+        if line.split()[0] in pids or line.split()[2] in ("FF", "RR") and "migration" not in line
+    ]
+    time.sleep(2)  # let faulthandler write
+    return "\n".join(lines)
 
 
 def hold_run_lock_in_another_process(output_dir: str | os.PathLike) -> subprocess.Popen:
@@ -94,7 +124,12 @@ def run_distributed(
     errors = []
     try:
         for _ in range(world_size):
-            rank, status, value = queue.get(timeout=timeout)
+            try:
+                rank, status, value = queue.get(timeout=timeout)
+            except queue_module.Empty:
+                raise TimeoutError(
+                    f"no result from every rank within {timeout:.0f} s\n{_report_hang(procs)}"
+                ) from None
             if status == "ok":
                 results[rank] = pickle.loads(value)
             else:
