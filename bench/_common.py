@@ -224,6 +224,21 @@ def rss_parts() -> dict[str, int]:
     return out
 
 
+def reset_peak_rss() -> None:
+    """Start VmHWM (this process's peak RSS) again from the current RSS (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM: this process's peak RSS since it started or since :func:`reset_peak_rss`."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def machine_load() -> str:
     try:
         return "load average " + " ".join(open("/proc/loadavg").read().split()[:3])

@@ -8,17 +8,24 @@ ACT (26.9 M params) with its AdamW state (~310 MiB of state in all) trains; afte
 ``--steps-between`` training steps it saves through lerobot_pipe's ``Checkpointer``, in turn
 with four of them side by side (own output folders, rotating order each repetition):
 ``--checkpoint_format`` ``dcp`` (model and optimizer as DCP shards, every rank writes its own) and
-``safetensors`` (the full model gathered to rank 0, a collective that stays in the loop, and
-written there; the optimizer as DCP shards), each synchronous and asynchronous. Per save:
+``safetensors`` (the full model in one file on rank 0; the optimizer as DCP shards), each
+synchronous and asynchronous. A synchronous ``safetensors`` save gathers the full model in the
+loop (``get_model_state_dict(full_state_dict=True)``, a collective on the training group); an
+asynchronous one stages each rank's model shards like ``dcp`` and assembles the full model on
+rank 0 in the background, over the checkpointer's gloo group. Per save:
   * stall: the time the loop spends inside ``save()`` (the slowest rank): the whole save when
-    synchronous; the gathers and the copy to CPU memory when asynchronous;
+    synchronous; the copy to CPU memory when asynchronous (either format);
   * complete after: from ``save()`` until the checkpoint is complete on every rank (the
     background's end for async saves);
   * the training steps run right after each save: with an async save they share the 2 cores with
     its background write.
 Ratio = async stall / sync save time of the same format (target <= 0.15). Extra memory of async
 saves: the bytes each rank staged (one copy of the state it writes; DCP's DefaultStager keeps the
-buffers for the next save) and the growth of its RSS over its first async save.
+buffers for the next save), the growth of its RSS over its first async save, and, in one more
+save per variant with no training steps after it, the peak RSS from ``save()`` until complete
+above the RSS at ``save()`` (what the save itself allocates, on top of the staged copy).
+Breakdown: the loop's full-model gather alone (what a sync ``safetensors`` save runs in the
+loop), and the background's gather from staged shards alone.
 
 Part 2, verification. The newest ``dcp`` checkpoint is verified by 1, 2 and 4 processes with
 ``verify_checkpoint_split`` (each its share) and, for comparison, with every process checking
@@ -44,10 +51,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from launch import run_distributed
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from lerobot_pipe.configs.optim import AdamWConfig
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
+from lerobot_pipe.distributed.shard_gather import gather_full_tensors
 from lerobot_pipe.processors import make_pre_post_processors
 from lerobot_pipe.training.checkpoint import (
     gather_full_model_state,
@@ -122,22 +132,25 @@ def rank_main(dataset_root: str, out_root: str, reps: int, steps_between: int) -
         step = 0
         staged, rss_growth = {}, {}
 
-        def one_save(variant: str) -> dict:
+        def one_save(variant: str, steps_after: int = steps_between) -> dict:
             nonlocal step
             saver = savers[variant]
             step += 1
             state.progress.step = step
             if env.is_main:
                 os.sync()  # dirty pages of the previous save are not charged to this one
+            rss = c.rss_bytes()
+            c.reset_peak_rss()
             dist.barrier()
             t0 = time.perf_counter()
             saver.save(state)
             in_save = time.perf_counter() - t0
-            steps = [train_step() for _ in range(steps_between)]
+            steps = [train_step() for _ in range(steps_after)]
             t1 = time.perf_counter()
             saver.wait()  # where the next save would wait if it came now
             waited = time.perf_counter() - t1
             complete = saver.last_duration_s
+            peak = c.peak_rss_bytes() - rss
             dist.barrier()
             if env.is_main:  # untimed: keep one checkpoint per variant on disk
                 for old in list_complete_checkpoints(out / variant)[:-1]:
@@ -147,14 +160,28 @@ def rank_main(dataset_root: str, out_root: str, reps: int, steps_between: int) -
                 "waited": _slowest(waited),
                 "complete": _slowest(complete),
                 "steps": steps,
+                "peak": peak,
             }
 
-        gathers = []  # the full-model gather of the safetensors format, alone
+        gathers = []  # the loop's full-model gather (sync safetensors saves), alone
         for _ in range(3):
             dist.barrier()
             t0 = time.perf_counter()
             gather_full_model_state(model)
             gathers.append(_slowest(time.perf_counter() - t0))
+        # The background's gather (async safetensors saves), alone: from a staged copy of the
+        # model shards, over a gloo group of its own.
+        stager = DefaultStager(StagingOptions(False, False, False, False))
+        shards = stager.stage(get_model_state_dict(model))
+        group = dist.new_group(backend="gloo")
+        bg_gathers = []
+        for _ in range(3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            gather_full_tensors(shards, group)
+            bg_gathers.append(_slowest(time.perf_counter() - t0))
+        del shards
+        stager.close()
         # Warm-up save per variant (DCP plans, first staging allocation), not timed.
         for variant in VARIANTS:
             before = c.rss_bytes()
@@ -172,6 +199,7 @@ def rank_main(dataset_root: str, out_root: str, reps: int, steps_between: int) -
             for variant in order:
                 rows[variant].append(one_save(variant))
             plain_steps += [train_step() for _ in range(steps_between)]
+        peaks = {v: one_save(v, steps_after=0)["peak"] for v in VARIANTS}
         for saver in savers.values():
             saver.close()
         newest = list_complete_checkpoints(out / "dcp-sync")[-1]
@@ -182,6 +210,8 @@ def rank_main(dataset_root: str, out_root: str, reps: int, steps_between: int) -
             "rss_growth": rss_growth,
             "params": c.n_params(model),
             "gather": c.median(gathers),
+            "bg_gather": c.median(bg_gathers),
+            "peaks": peaks,
             "verify_dir": str(newest),
         }
     finally:
@@ -278,8 +308,9 @@ def main() -> None:
         m = med[v]
         print(f"{v:14} {m['stall']:8.2f} {m['waited']:14.2f} {m['complete']:11.2f}  {stalls}")
     print(
-        f"of a safetensors stall, the full-model gather alone (a collective, in the loop): "
-        f"{r0['gather']:.2f}s"
+        f"full-model gather alone: in the loop on the training group (sync safetensors saves) "
+        f"{r0['gather']:.2f}s; from staged shards on the gloo group (async, in the background) "
+        f"{r0['bg_gather']:.2f}s"
     )
     plain = c.median(r0["plain_steps"])
     print(
@@ -304,6 +335,10 @@ def main() -> None:
             f"per rank; RSS growth over the first async save "
             f"{', '.join(f'{g / MIB:.1f}' for g in growth)} MiB"
         )
+    print("peak RSS of a save (no steps after it) above the RSS at save(), MiB per rank:")
+    for v in VARIANTS:
+        peaks = ", ".join(f"{r['peaks'][v] / MIB:.1f}" for r in res)
+        print(f"  {v:18} {peaks}")
     print(
         f"\nverification of {len(files)} files, {total / MIB:.1f} MiB (largest "
         f"{largest / MIB:.1f} MiB); bound per rank = total / N + largest"

@@ -3,19 +3,24 @@ training loop or in the background, with the same bytes either way.
 
 A save has two halves:
 
-* **snapshot** (in the loop, collective on the training process group): the gathers that are
-  collectives (the full model for ``model.safetensors``, the full optimizer state for
-  ``optimizer_state.safetensors``), the local DCP state dicts, this rank's RNG state and the
-  small JSON values. With ``--checkpoint_async=true`` every tensor the loop would go on to
-  change is copied to CPU memory here (pinned on CUDA; allocated by DCP's ``DefaultStager`` at
-  the first save, then refilled in place): this copy is the loop's only stall.
+* **snapshot** (in the loop, collective on the training process group): the local model and
+  optimizer state dicts (each rank's shards when sharded; unsharded, the optimizer state is
+  whole on every rank already), the full model for ``model.safetensors`` (a gather on the
+  training group; not in sharded async saves, see below), this rank's RNG state and the small
+  JSON values. With ``--checkpoint_async=true`` every tensor the loop would go on to change is
+  copied to CPU memory here (pinned on CUDA; allocated by DCP's ``DefaultStager`` at the first
+  save, then refilled in place): this copy is the loop's only stall. A sharded async save
+  stages this rank's model shards instead of gathering the full model in the loop.
 * **persist** (a background thread with async saves, else inline): each rank writes its DCP
-  shards, the RNG states are gathered, the main rank writes its files; each rank fsyncs and
-  hashes what it wrote (:mod:`~lerobot_pipe.training.manifest`); the hashes are gathered to the
-  main rank, which writes training_step.json, renames the folder into place, moves ``last`` and
-  applies retention; then every rank learns the outcome. The collectives of this half run on a
-  gloo process group of their own: CPU collectives (next to nccl on GPU), never interleaved
-  with the loop's.
+  shards, the RNG states are gathered, a sharded async save assembles the full model on the
+  main rank from the staged shards
+  (:func:`~lerobot_pipe.distributed.shard_gather.gather_full_tensors`), the main rank writes
+  its files; each rank fsyncs and hashes what it wrote (:mod:`~lerobot_pipe.training.manifest`);
+  the hashes are gathered to the main rank, which writes training_step.json, renames the folder
+  into place, moves ``last`` and applies retention; then every rank learns the outcome. The
+  collectives of this half run on a gloo process group of their own: CPU collectives on CPU
+  copies (next to nccl on GPU), never interleaved with the loop's. The bytes written are the
+  same either way.
 
 At most one save is in flight: the next save, the end of training (:meth:`Checkpointer.close`)
 and a clean shutdown after an error (:meth:`Checkpointer.shutdown`) wait for it. A killed
@@ -53,6 +58,7 @@ from torch.distributed.tensor import DTensor
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.distributed.runtime import barrier, gather_objects
+from lerobot_pipe.distributed.shard_gather import gather_full_tensors
 from lerobot_pipe.fsutil import fsync_path, write_json_atomic
 from lerobot_pipe.training.checkpoint import (
     CheckpointError,
@@ -88,7 +94,7 @@ class _Snapshot:
     tmp: Path
     final: Path
     record: dict
-    model_dcp: dict | None = None
+    model_local: dict | None = None  # this rank's state dict (its shards when sharded)
     optimizer_dcp: dict | None = None
     full_model: dict[str, torch.Tensor] | None = None
     optimizer_flat: dict[str, torch.Tensor] | None = None
@@ -129,6 +135,11 @@ class Checkpointer:
         self.distributed = dist.is_initialized()
         self.is_main = not self.distributed or dist.get_rank() == 0
         self.group = dist.new_group(backend="gloo") if self.distributed else None
+        # model.safetensors of a sharded async save: gathered in the background from the staged
+        # shards, so the loop runs no collective of the size of the model.
+        self.gather_in_background = (
+            async_save and sharded and self.distributed and self.write_safetensors
+        )
         self._stager: DefaultStager | None = None
         self._worker: ThreadPoolExecutor | None = None
         if async_save:
@@ -215,11 +226,11 @@ class Checkpointer:
         record = {**self.run_info, "step": step, **state.progress.state_dict()}
         snap = _Snapshot(step=step, tmp=tmp, final=self.root / name, record=record)
         model, optimizer = state.model, state.optimizer
-        if self.write_safetensors:
+        if self.write_safetensors and not self.gather_in_background:
             full = gather_full_model_state(model)  # collective; empty on ranks other than 0
             snap.full_model = full if self.is_main else None
-        if self.write_dcp:
-            snap.model_dcp = get_model_state_dict(model)
+        if self.write_dcp or self.gather_in_background:
+            snap.model_local = get_model_state_dict(model)
         if self.sharded:
             osd = get_optimizer_state_dict(model, optimizer)
             snap.optimizer_dcp = {"optimizer": osd["state"]}
@@ -253,7 +264,7 @@ class Checkpointer:
         live = _live_storages(model, optimizer)
         trees = {
             attr: getattr(snap, attr)
-            for attr in ("model_dcp", "optimizer_dcp", "full_model", "optimizer_flat")
+            for attr in ("model_local", "optimizer_dcp", "full_model", "optimizer_flat")
             if getattr(snap, attr) is not None
         }
         wanted = _tensor_paths(trees, lambda t: not t.is_cpu or _storage(t) in live)
@@ -313,14 +324,13 @@ class Checkpointer:
 
     def _write(self, snap: _Snapshot, pretrained: PretrainedWriter) -> dict[str, dict]:
         """This rank's files of the checkpoint, written, fsynced and hashed. The collectives
-        first (DCP's, the RNG gather): they then run on every rank whatever fails later on the
-        main rank alone (a DCP failure fails every rank)."""
+        first (DCP's, the RNG and model gathers): they then run on every rank whatever fails
+        later on the main rank alone (a DCP failure fails every rank)."""
         model_dir = snap.tmp / C.PRETRAINED_MODEL_DIR
         state_dir = snap.tmp / C.TRAINING_STATE_DIR
         files: dict[str, dict] = {}
-        if snap.model_dcp is not None:
-            files.update(self._dcp_save(snap.model_dcp, model_dir / C.MODEL_DCP_DIR, snap.tmp))
-            snap.model_dcp = None
+        if self.write_dcp:
+            files.update(self._dcp_save(snap.model_local, model_dir / C.MODEL_DCP_DIR, snap.tmp))
             fault_point("save:after_model_dcp")
         if snap.optimizer_dcp is not None:
             files.update(
@@ -328,6 +338,10 @@ class Checkpointer:
             )
             snap.optimizer_dcp = None
         rng_states = gather_objects(snap.rng, group=self.group)
+        if self.gather_in_background:
+            snap.full_model = gather_full_tensors(snap.model_local, self.group)
+            fault_point("save:after_model_gather")
+        snap.model_local = None
         if self.is_main:
             pretrained(model_dir, snap.full_model)
             snap.full_model = None

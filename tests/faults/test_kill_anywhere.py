@@ -78,7 +78,8 @@ CASES = [
 # goes on to steps 5 and 6: each point the background path added (staging in the loop, the
 # background's start, after a rank hashed its files, retention mid-delete) on DDP and on FSDP2,
 # on both ranks, and the save's points where it is mid-DCP, written but not renamed, renamed but
-# `last` not moved.
+# `last` not moved; on FSDP2 also right after the background assembled the full model from the
+# staged shards (either rank).
 ASYNC_CASES = [
     ("ddp", "save:staged", 1),
     ("fsdp2", "save:staged", 0),
@@ -89,6 +90,8 @@ ASYNC_CASES = [
     ("ddp", "save:during_prune", 0),
     ("fsdp2", "save:during_prune", 0),
     ("fsdp2", "save:after_model_dcp", 1),
+    ("fsdp2", "save:after_model_gather", 0),
+    ("fsdp2", "save:after_model_gather", 1),
     ("ddp", "save:before_rename", 0),
     ("fsdp2", "save:during_last_link", 0),
 ]

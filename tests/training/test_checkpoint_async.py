@@ -24,6 +24,29 @@ MODES = {
     "ddp": ["--checkpoint_format=safetensors"],
     "fsdp2": ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"],
 }
+# Sharded async saves assemble model.safetensors in the background from the staged shards
+# (over the checkpointer's gloo group), not with the loop's full-state gather: every gathered
+# format on FSDP2 (2 ranks) and HSDP (2 x 2 on 4 ranks). name -> (world size, flags).
+SHARDED = {
+    "fsdp2-safetensors": (2, ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors"]),
+    "fsdp2-safetensors_dcp": (2, MODES["fsdp2"]),
+    "hsdp-safetensors": (
+        4,
+        [
+            "--parallelism.dp_replicate=2",
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=safetensors",
+        ],
+    ),
+    "hsdp-safetensors_dcp": (
+        4,
+        [
+            "--parallelism.dp_replicate=2",
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=safetensors_dcp",
+        ],
+    ),
+}
 TRAIN_CONFIG = "pretrained_model/train_config.json"
 TRAINING_STEP = "training_state/training_step.json"
 
@@ -91,6 +114,21 @@ def test_async_writes_the_same_bytes_and_resumes_the_same(dataset_root, tmp_path
         ignore = ("checkpoint_async", "resume")
         resumed = _contents(out / "checkpoints/000004", ignore)
         assert resumed == _contents(tmp_path / "sync/checkpoints/000004", ignore)
+
+
+@pytest.mark.parametrize("mode", [m for m in SHARDED if m != "fsdp2-safetensors_dcp"])
+def test_sharded_async_gathers_the_same_bytes(dataset_root, tmp_path, mode):
+    """(fsdp2-safetensors_dcp: the test above, which also resumes.)"""
+    world, flags = SHARDED[mode]
+    out = tmp_path / "out"
+    argv = [*_flags(dataset_root, out, batch_size=8 // world), *flags]
+    run_distributed(run_train, world, argv)
+    shutil.move(out, tmp_path / "sync")
+    run_distributed(run_train, world, [*argv, "--checkpoint_async=true"])
+    for step in ("000002", "000004"):
+        sync, asynchronous = tmp_path / "sync/checkpoints" / step, out / "checkpoints" / step
+        assert (asynchronous / "pretrained_model/model.safetensors").is_file()
+        assert _contents(asynchronous) == _contents(sync), step
 
 
 class _SaveObserver(logging.Handler):
