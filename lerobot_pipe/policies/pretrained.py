@@ -132,6 +132,18 @@ class PreTrainedConfig(ChoiceRegistry, choice_base=True, choice_kind="policy"):
         return {k: ft for k, ft in self.input_features.items() if ft["type"] == "VISUAL"}
 
     @property
+    def robot_state_feature(self) -> dict | None:
+        return self.input_features.get(OBS_STATE)
+
+    @property
+    def env_state_feature(self) -> dict | None:
+        return self.input_features.get(OBS_ENV_STATE)
+
+    @property
+    def action_feature(self) -> dict:
+        return self.output_features[ACTION]
+
+    @property
     def observation_delta_indices(self) -> list[int] | None:
         """Frame offsets loaded for each observation; None means the current frame only."""
         return None

@@ -178,18 +178,6 @@ class ACTConfig(PreTrainedConfig):
             resolve_weights(self.vision_backbone, self.pretrained_backbone_weights)
 
     @property
-    def robot_state_feature(self) -> dict | None:
-        return self.input_features.get(OBS_STATE)
-
-    @property
-    def env_state_feature(self) -> dict | None:
-        return self.input_features.get(OBS_ENV_STATE)
-
-    @property
-    def action_feature(self) -> dict:
-        return self.output_features[ACTION]
-
-    @property
     def action_delta_indices(self) -> list[int]:
         return list(range(self.chunk_size))
 
