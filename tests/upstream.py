@@ -14,6 +14,7 @@ names another).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -79,6 +80,24 @@ class Upstream:
 
     def run(self, args: list[str], *, cwd: Path, log: Path, timeout: float, **env: str) -> int:
         return self.start(args, cwd=cwd, log=log, **env).wait(timeout)
+
+    def run_script(
+        self, script: Path, *args: object, home: Path, timeout: float, **env: str
+    ) -> subprocess.CompletedProcess:
+        """Run one of the tests' driver scripts with LeRobot's Python in its environment; a
+        non-zero exit fails the calling test with the end of the script's stderr."""
+        proc = subprocess.run(
+            [str(self.python), str(script), *map(str, args)],
+            env=self.env(home, **env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode:
+            raise AssertionError(
+                f"{Path(script).name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+            )
+        return proc
 
 
 @dataclass
@@ -146,8 +165,10 @@ def _version(python: Path, overlay: Path | None = None) -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
+@functools.cache
 def find_upstream() -> tuple[Upstream | None, str]:
-    """LeRobot 0.6.1's Python, or None and why not (a skip reason naming what to install)."""
+    """LeRobot 0.6.1's Python, or None and why not (a skip reason naming what to install).
+    Asked once per test session."""
     configured = os.environ.get(ENV_PYTHON)
     python = Path(configured) if configured else DEFAULT_VENV / "bin" / "python"
     if not python.exists():

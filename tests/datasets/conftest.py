@@ -1,4 +1,3 @@
-import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -6,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from upstream import find_upstream
 
 from lerobot_pipe.datasets import write_synthetic_dataset
 
@@ -41,8 +41,6 @@ def dataset_copy(synthetic_root: Path, tmp_path: Path) -> Path:
 CAMERA_EPISODES = 4
 CAMERA_SEED = 5
 IMAGE_SIZE = 64
-# LeRobot's own interpreter (a released lerobot in its own venv), for tests that compare with it.
-UPSTREAM_PYTHON = os.environ.get("LEROBOT_UPSTREAM_PYTHON", "/work/upstream/up061/bin/python")
 HERE = Path(__file__).parent
 
 
@@ -80,26 +78,16 @@ def camera_copy(camera_root: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def upstream() -> Callable[..., subprocess.CompletedProcess]:
+def upstream(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[..., subprocess.CompletedProcess]:
     """Runs one of this folder's ``upstream_*.py`` scripts with LeRobot's interpreter."""
-    if not Path(UPSTREAM_PYTHON).is_file():
-        pytest.skip(
-            f"LeRobot's interpreter {UPSTREAM_PYTHON} is absent: set LEROBOT_UPSTREAM_PYTHON to "
-            "the python of a venv with lerobot 0.6.1 installed to compare with LeRobot itself"
-        )
+    found, why = find_upstream()
+    if found is None:
+        pytest.skip(why)
+    home = tmp_path_factory.mktemp("lerobot_home")
 
     def run(script: str, *args: object) -> subprocess.CompletedProcess:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "SVT_LOG": "1", "OMP_NUM_THREADS": "1"}
-        env.pop("PYTHONPATH", None)
-        result = subprocess.run(
-            [UPSTREAM_PYTHON, str(HERE / script), *map(str, args)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-        )
-        if result.returncode:
-            raise AssertionError(f"{script} failed ({result.returncode}):\n{result.stderr[-4000:]}")
-        return result
+        return found.run_script(HERE / script, *args, home=home, timeout=300, SVT_LOG="1")
 
     return run

@@ -2,36 +2,31 @@
 load strictly in LeRobot's ACTPolicy and LeRobot's in ours, both predict the same actions on the
 same frames, parameters come in LeRobot's order, and our ResNet computes torchvision's features.
 
-LeRobot runs in its own environment (``$LEROBOT_UPSTREAM_PYTHON``, default
-/work/upstream/up061/bin/python) as a subprocess, driven by lerobot_act_driver.py; files are
-exchanged as safetensors. Skipped where that interpreter is absent.
+LeRobot runs in its own environment (tests/upstream.py: ``make lerobot-venv`` or
+``$LEROBOT_UPSTREAM_PYTHON``) as a subprocess, driven by lerobot_act_driver.py; files are
+exchanged as safetensors. Skipped, saying what to install, where it is absent.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from upstream import find_upstream
 
 from lerobot_pipe.policies.act import ACTConfig, ACTPolicy
 from lerobot_pipe.policies.vision import resnet_backbone
 
-UPSTREAM_PYTHON = Path(os.environ.get("LEROBOT_UPSTREAM_PYTHON", "/work/upstream/up061/bin/python"))
+UPSTREAM, WHY_NOT = find_upstream()
 DRIVER = Path(__file__).with_name("lerobot_act_driver.py")
 CAMERAS = ("observation.images.top", "observation.images.wrist")
 BATCH, HW, STATE_DIM, ENV_DIM, ACTION_DIM = 2, (64, 64), 3, 5, 2
 RESNETS = {"resnet18": False, "resnet50_dilated": True}
 
-pytestmark = pytest.mark.skipif(
-    not UPSTREAM_PYTHON.is_file(),
-    reason=f"LeRobot 0.6.1's Python ({UPSTREAM_PYTHON}) is absent: set LEROBOT_UPSTREAM_PYTHON "
-    "to the python of a venv with lerobot==0.6.1 and torchvision",
-)
+pytestmark = pytest.mark.skipif(UPSTREAM is None, reason=WHY_NOT)
 
 
 def camera_config() -> ACTConfig:
@@ -113,16 +108,9 @@ def exchange(tmp_path_factory) -> dict:
             "out": str(root / f"{job}_features.safetensors"),
         }
     (root / "jobs.json").write_text(json.dumps(jobs))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    run = subprocess.run(
-        [str(UPSTREAM_PYTHON), str(DRIVER), str(root / "jobs.json"), str(root / "results.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    UPSTREAM.run_script(
+        DRIVER, root / "jobs.json", root / "results.json", home=root / ".hf_home", timeout=300
     )
-    assert run.returncode == 0, run.stderr[-4000:]
     return {
         "root": root,
         "ours": ours,

@@ -9,27 +9,26 @@ norm, DDIM with 5 of 10 steps, environment state, epsilon prediction) and ``gn``
 single observation step, random crop, one shared ResNet with group norm, bias-only FiLM, sample
 prediction, DDPM).
 
-LeRobot runs in its own environment (``$LEROBOT_UPSTREAM_PYTHON``, default
-/work/upstream/up061/bin/python) as a subprocess, driven by lerobot_diffusion_driver.py; files
-are exchanged as safetensors. Skipped where that interpreter is absent.
+LeRobot runs in its own environment (tests/upstream.py: ``make lerobot-venv`` or
+``$LEROBOT_UPSTREAM_PYTHON``) as a subprocess, driven by lerobot_diffusion_driver.py; files
+are exchanged as safetensors. Skipped, saying what to install, where it is absent.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from upstream import find_upstream
 
 from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from lerobot_pipe.processors import make_pre_post_processors
 
-UPSTREAM_PYTHON = Path(os.environ.get("LEROBOT_UPSTREAM_PYTHON", "/work/upstream/up061/bin/python"))
+UPSTREAM, WHY_NOT = find_upstream()
 DRIVER = Path(__file__).with_name("lerobot_diffusion_driver.py")
 CAMERAS = ("observation.images.top", "observation.images.wrist")
 BATCH, HW, STATE_DIM, ENV_DIM, ACTION_DIM = 2, (64, 64), 3, 4, 2
@@ -56,11 +55,7 @@ VARIANTS = {
     ),
 }
 
-pytestmark = pytest.mark.skipif(
-    not UPSTREAM_PYTHON.is_file(),
-    reason=f"LeRobot 0.6.1's Python ({UPSTREAM_PYTHON}) is absent: set LEROBOT_UPSTREAM_PYTHON "
-    "to the python of a venv with lerobot[diffusion]==0.6.1",
-)
+pytestmark = pytest.mark.skipif(UPSTREAM is None, reason=WHY_NOT)
 
 
 def features(cameras, env: bool) -> tuple[dict, dict]:
@@ -182,16 +177,9 @@ def exchange(tmp_path_factory) -> dict:
         "out": str(root / "bn_train.safetensors"),
     }
     (root / "jobs.json").write_text(json.dumps(jobs))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    run = subprocess.run(
-        [str(UPSTREAM_PYTHON), str(DRIVER), str(root / "jobs.json"), str(root / "results.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    UPSTREAM.run_script(
+        DRIVER, root / "jobs.json", root / "results.json", home=root / ".hf_home", timeout=600
     )
-    assert run.returncode == 0, run.stderr[-4000:]
     return {
         "root": root,
         "results": json.loads((root / "results.json").read_text()),
