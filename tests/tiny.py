@@ -79,6 +79,26 @@ def run_train(argv: list[str]):
     return str(out) if out else None
 
 
+def full_state(session) -> dict:
+    """Collective: the session's full model state and optimizer state (in LeRobot's layout,
+    parameters numbered, as optimizer_state.safetensors holds it), as copies on the main rank
+    (without a process group the gathers return views of the live tensors); empty elsewhere."""
+    from lerobot_pipe.training.checkpoint import (
+        flatten_tensors,
+        gather_full_model_state,
+        gather_full_optimizer_state,
+        index_optimizer_state,
+    )
+
+    model = {k: v.clone() for k, v in gather_full_model_state(session.model).items()}
+    optim = gather_full_optimizer_state(session.model, session.optimizer)
+    numbered = index_optimizer_state(optim)[0] if optim else {}
+    return {
+        "model": model,
+        "optim": {k: v.clone() for k, v in flatten_tensors({"state": numbered}).items()},
+    }
+
+
 def train_fsdp2_dcp(dataset_root: str | Path, output_dir: Path) -> Path:
     """A real 2-rank FSDP2 run of the tiny ACT, 2 steps, one DCP checkpoint (step 2)."""
     from launch import run_distributed

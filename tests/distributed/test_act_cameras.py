@@ -17,17 +17,13 @@ import pytest
 import torch
 from launch import run_distributed
 from safetensors.torch import load_file
-from tiny import DETERMINISTIC, losses, tiny_act_flags
+from tiny import DETERMINISTIC, full_state, losses, tiny_act_flags
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
 from lerobot_pipe.distributed.parallel_dims import resolve_parallelism
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.training.checkpoint import (
-    flatten_tensors,
-    gather_full_model_state,
-    gather_full_optimizer_state,
-    index_optimizer_state,
     validate_checkpoint_layout,
 )
 from lerobot_pipe.training.plan import (
@@ -132,23 +128,12 @@ def train_rank(argv: list[str]) -> dict:
         }
         if plan.resume_from is not None:
             # Only then: reading a fresh optimizer's state makes torch initialize it with a step.
-            out["loaded"] = _full_state(session)
+            out["loaded"] = full_state(session)
         run_loop(plan, env, session)
-        out["final"] = _full_state(session)
+        out["final"] = full_state(session)
     finally:
         destroy()
     return out if env.is_main else {k: out[k] for k in ("groups", "backbone_fraction")}
-
-
-def _full_state(session) -> dict:
-    model = {k: v.clone() for k, v in gather_full_model_state(session.model).items()}
-    optim = gather_full_optimizer_state(session.model, session.optimizer)
-    numbered = index_optimizer_state(optim)[0] if optim else {}
-    # Copies: without a process group these are views of the live tensors.
-    return {
-        "model": model,
-        "optim": {k: v.clone() for k, v in flatten_tensors({"state": numbered}).items()},
-    }
 
 
 def _flags(root: Path, **overrides) -> list[str]:

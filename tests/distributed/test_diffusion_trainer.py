@@ -22,7 +22,7 @@ import pytest
 import torch
 from launch import run_distributed
 from safetensors.torch import load_file
-from tiny import losses, tiny_diffusion_flags
+from tiny import full_state, losses, tiny_diffusion_flags
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.convert.dcp_to_safetensors import convert_checkpoint, load_dcp_state_dict
@@ -30,12 +30,6 @@ from lerobot_pipe.datasets import GlobalBatchSampler
 from lerobot_pipe.distributed.batch_norm import batch_norms
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.policies.diffusion import DiffusionPolicy
-from lerobot_pipe.training.checkpoint import (
-    flatten_tensors,
-    gather_full_model_state,
-    gather_full_optimizer_state,
-    index_optimizer_state,
-)
 from lerobot_pipe.training.plan import make_plan, sample_indices
 from lerobot_pipe.training.train import prepare_session, run_loop
 
@@ -52,9 +46,9 @@ def train_rank(argv: list[str]) -> dict:
         session = prepare_session(plan, env)
         out = {}
         if plan.resume_from is not None:
-            out["loaded"] = _full_state(session)
+            out["loaded"] = full_state(session)
         run_loop(plan, env, session)
-        out["final"] = _full_state(session)
+        out["final"] = full_state(session)
         out["bn"] = {
             f"{i}.{name}": buffer.clone()
             for i, module in enumerate(batch_norms(session.model))
@@ -63,16 +57,6 @@ def train_rank(argv: list[str]) -> dict:
     finally:
         destroy()
     return out if env.is_main else {"bn": out["bn"]}
-
-
-def _full_state(session) -> dict:
-    model = {k: v.clone() for k, v in gather_full_model_state(session.model).items()}
-    optim = gather_full_optimizer_state(session.model, session.optimizer)
-    numbered = index_optimizer_state(optim)[0] if optim else {}
-    return {
-        "model": model,
-        "optim": {k: v.clone() for k, v in flatten_tensors({"state": numbered}).items()},
-    }
 
 
 @pytest.fixture(scope="module")

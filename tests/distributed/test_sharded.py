@@ -9,16 +9,10 @@ import pytest
 import torch
 from launch import run_distributed
 from safetensors.torch import load_file
-from tiny import DETERMINISTIC, WITH_SCHEDULER, losses, tiny_act_flags
+from tiny import DETERMINISTIC, WITH_SCHEDULER, full_state, losses, tiny_act_flags
 
 from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.training.checkpoint import (
-    flatten_tensors,
-    gather_full_model_state,
-    gather_full_optimizer_state,
-    index_optimizer_state,
-)
 from lerobot_pipe.training.plan import make_plan
 from lerobot_pipe.training.train import prepare_session, run_loop
 
@@ -65,19 +59,14 @@ def train_and_inspect(argv: list[str]) -> dict | None:
         session = prepare_session(plan, env)
         params = list(session.model.parameters())
         local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
-        # Copies: without a process group these are views of the live tensors.
-        model_state = {k: v.clone() for k, v in gather_full_model_state(session.model).items()}
-        optim_state = gather_full_optimizer_state(session.model, session.optimizer)
-        # In LeRobot's layout (parameters numbered), as optimizer_state.safetensors holds it.
-        numbered = index_optimizer_state(optim_state)[0] if optim_state else {}
-        optim_state = {k: v.clone() for k, v in flatten_tensors({"state": numbered}).items()}
+        initial = full_state(session)
         run_loop(plan, env, session)
     finally:
         destroy()
     out = {"local_fraction": local / sum(p.numel() for p in params)}
     if env.is_main:
-        out["model"] = model_state
-        out["optim"] = optim_state
+        out["model"] = initial["model"]
+        out["optim"] = initial["optim"]
     return out
 
 
