@@ -4,7 +4,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
-from lerobot_pipe.pipeline_config import config_problems
+from lerobot_pipe.pipeline.config import config_problems
 
 min_version("9.0")
 

@@ -5,14 +5,14 @@ verification per rank at 1, 2 and 4 ranks.
 
 Part 1, stall. A 2-rank FSDP2 run (tests/launch.py ``run_distributed``, gloo) of the ~100 MB fp32
 ACT (26.9 M params) with its AdamW state (~310 MiB of state in all) trains; after every
-``--steps-between`` training steps it saves through lerobot_pipe's ``Checkpointer``, in turn
+``--steps-between`` training steps it saves through lerobot_pipe's ``CheckpointWriter``, in turn
 with four of them side by side (own output folders, rotating order each repetition):
 ``--checkpoint_format`` ``dcp`` (model and optimizer as DCP shards, every rank writes its own) and
 ``safetensors`` (the full model in one file on rank 0; the optimizer as DCP shards), each
 synchronous and asynchronous. A synchronous ``safetensors`` save gathers the full model in the
 loop (``get_model_state_dict(full_state_dict=True)``, a collective on the training group); an
 asynchronous one stages each rank's model shards like ``dcp`` and assembles the full model on
-rank 0 in the background, over the checkpointer's gloo group. Per save:
+rank 0 in the background, over the checkpoint writer's gloo group. Per save:
   * stall: the time the loop spends inside ``save()`` (the slowest rank): the whole save when
     synchronous; the copy to CPU memory when asynchronous (either format);
   * complete after: from ``save()`` until the checkpoint is complete on every rank (the
@@ -28,7 +28,7 @@ Breakdown: the loop's full-model gather alone (what a sync ``safetensors`` save 
 loop), and the background's gather from staged shards alone.
 
 Part 2, verification. The newest ``dcp`` checkpoint is verified by 1, 2 and 4 processes with
-``verify_checkpoint_split`` (each its share) and, for comparison, with every process checking
+``verify_split`` (each its share) and, for comparison, with every process checking
 every file (what each rank did before the split): bytes read per rank (``rchar`` of
 /proc/self/io) and seconds per rank (median of 3). The files were just written, so they are in
 the page cache: the seconds measure hashing, not the disk; on 2 cores, 4 processes hash 2 at a
@@ -54,22 +54,16 @@ from launch import run_distributed
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+from lerobot_pipe.checkpoint.gather import gather_full_tensors
+from lerobot_pipe.checkpoint.layout import list_complete_checkpoints, read_training_step
+from lerobot_pipe.checkpoint.manifest import sha256_file, shares, verify_files, verify_split
+from lerobot_pipe.checkpoint.stateful import TrainState
+from lerobot_pipe.checkpoint.writer import CheckpointWriter
 from lerobot_pipe.configs.optim import AdamWConfig
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.distributed.shard_gather import gather_full_tensors
 from lerobot_pipe.processors import make_pre_post_processors
-from lerobot_pipe.training.checkpoint import (
-    gather_full_model_state,
-    list_complete_checkpoints,
-    read_training_step,
-    verify_checkpoint_files,
-    verify_checkpoint_split,
-)
-from lerobot_pipe.training.checkpointer import Checkpointer
-from lerobot_pipe.training.manifest import sha256_file, shares
 from lerobot_pipe.training.optim import make_optimizer
-from lerobot_pipe.training.state import TrainState
 
 SIZE = "100mb"
 WORLD = 2
@@ -114,11 +108,11 @@ def rank_main(dataset_root: str, out_root: str, reps: int, steps_between: int) -
             post.save_pretrained(directory)
             (directory / "train_config.json").write_text(json.dumps({"bench": True}) + "\n")
 
-        state = TrainState(model=model, optimizer=optimizer, pretrained=write_pretrained)
+        state = TrainState.build(model, optimizer, write_pretrained)
         run_info = {"step": 0, "samples_consumed": 0, "world_size": WORLD, "sharded": True}
         out = Path(out_root)
         savers = {
-            v: Checkpointer(
+            v: CheckpointWriter(
                 out / v,
                 total_steps=10**6,
                 checkpoint_format=v.split("-")[0],
@@ -167,7 +161,7 @@ def rank_main(dataset_root: str, out_root: str, reps: int, steps_between: int) -
         for _ in range(3):
             dist.barrier()
             t0 = time.perf_counter()
-            gather_full_model_state(model)
+            state.model.full_state_dict()
             gathers.append(_slowest(time.perf_counter() - t0))
         # The background's gather (async safetensors saves), alone: from a staged copy of the
         # model shards, over a gloo group of its own.
@@ -230,7 +224,7 @@ def verify_main(step_dir: str, split: bool) -> dict:
     try:
         path = Path(step_dir)
         info = read_training_step(path)
-        verify_checkpoint_split(path, {"files": {}})  # imports and the first collective
+        verify_split(path, {"files": {}})  # imports and the first collective
         if env.distributed:
             dist.barrier()
         reads, seconds = [], []
@@ -239,9 +233,9 @@ def verify_main(step_dir: str, split: bool) -> dict:
                 dist.barrier()
             before, t0 = _bytes_read(), time.perf_counter()
             if split:
-                verify_checkpoint_split(path, info)
+                verify_split(path, info)
             else:
-                verify_checkpoint_files(path, info)
+                verify_files(path, info)
             seconds.append(time.perf_counter() - t0)
             reads.append(_bytes_read() - before)
         return {"bytes": max(reads), "seconds": c.median(seconds)}

@@ -104,8 +104,8 @@ def make_checkpoint(step: Path, size_mb: float, world_size: int) -> None:
         p.join(900)
     if any(p.exitcode != 0 for p in procs):
         raise SystemExit("checkpoint creation failed")
+    from lerobot_pipe.checkpoint.manifest import file_manifest
     from lerobot_pipe.fsutil import write_json_atomic
-    from lerobot_pipe.training.checkpoint import file_manifest
 
     (step / C.TRAINING_STATE_DIR).mkdir()
     info = {"step": 1, "files": file_manifest(step)}

@@ -26,7 +26,7 @@ import _common as c  # must come first: pins threads, sets sys.path
 import yaml
 
 from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset
-from lerobot_pipe.training.plan import make_plan
+from lerobot_pipe.training.preflight import make_plan
 from lerobot_pipe.training.train import train
 
 TARGET = 10.0

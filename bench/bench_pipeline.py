@@ -27,7 +27,7 @@ tiny default for 100 steps with ``save_freq=50`` (2 real checkpoints, 50 and 100
 pipeline, then fabricates the other 98 step folders by copying step 50 and rewriting only its
 ``training_state/training_step.json`` (``step``, ``samples_consumed``); the file manifest in that
 JSON lists every other file of the step and stays valid (checked with
-``verify_checkpoint_files``). The converted outputs of the fabricated steps are copies of step
+``verify_files``). The converted outputs of the fabricated steps are copies of step
 50's, touched after the step files, with the provenance record Snakemake would have written for
 their convert jobs (step 50's record, paths and input checksum changed). One
 ``snakemake --cores 2`` settles the report table (its input list grew), then ``--noop-reps`` further ``snakemake --cores 2`` runs, which must print
@@ -424,12 +424,12 @@ def copy_metadata(work: Path, results: str, template: str, name: str) -> None:
 
 
 def fabricate_steps(work: Path, results: str, total: int, template_step: int) -> int:
-    from lerobot_pipe.training.checkpoint import (
+    from lerobot_pipe.checkpoint.layout import (
         list_complete_checkpoints,
         read_training_step,
         step_folder_name,
-        verify_checkpoint_files,
     )
+    from lerobot_pipe.checkpoint.manifest import verify_files
 
     R = work / results
     ckpts = R / "train" / "checkpoints"
@@ -461,7 +461,7 @@ def fabricate_steps(work: Path, results: str, total: int, template_step: int) ->
         copy_metadata(work, results, template.name, name)
     complete = list_complete_checkpoints(R / "train")
     for step_dir in complete:  # every manifest still matches its files
-        verify_checkpoint_files(step_dir, read_training_step(step_dir))
+        verify_files(step_dir, read_training_step(step_dir))
     return len(complete)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from launch import run_distributed
 
-from lerobot_pipe.training.plan import make_plan
+from lerobot_pipe.training.preflight import make_plan
 from lerobot_pipe.training.train import train
 
 

@@ -34,7 +34,7 @@ import _common as c  # must come first: pins threads, sets sys.path
 import torch
 from torch import nn
 
-from lerobot_pipe.training.plan import make_plan
+from lerobot_pipe.training.preflight import make_plan
 from lerobot_pipe.training.train import train
 
 TARGET = 0.95

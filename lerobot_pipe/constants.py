@@ -44,6 +44,9 @@ RNG_STATE = "rng_state.safetensors"
 SCHEDULER_STATE = "scheduler_state.json"
 SCALER_STATE = "scaler_state.json"
 TRAINING_STEP = "training_step.json"
+# DCP's own name of the global metadata file of a DCP folder (a pickle: read only from this run's
+# own output).
+DCP_METADATA_FILE = ".metadata"
 
 # Locked by the main process of the trainer that owns an output folder, for its whole life; it
 # records the holder (host, pid, start time, command). lerobot_pipe/training/run_lock.py.
@@ -66,6 +69,11 @@ DATASET_VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_inde
 DATASET_CODEBASE_VERSION = "v3.0"
 # The parameters lerobot_pipe's synthetic dataset was generated with (LeRobot ignores the file).
 DATASET_SYNTHETIC_PARAMS = "meta/synthetic.json"
+
+# Beside the checkpoints: the training curve (one JSON object per logged step) and the progress
+# events the pipeline's train job follows (lerobot_pipe/training/progress.py).
+METRICS_LOG = "metrics.jsonl"
+PROGRESS_EVENTS = "progress.jsonl"
 
 # Pipeline receipts.
 PUBLISH_RECEIPT = "publish_receipt.json"

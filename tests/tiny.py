@@ -71,7 +71,7 @@ def run_train(argv: list[str]):
     """lerobot-train's library path in this process (a rank of run_distributed, or single)."""
     import os
 
-    from lerobot_pipe.training.plan import make_plan
+    from lerobot_pipe.training.preflight import make_plan
     from lerobot_pipe.training.train import train
 
     plan = make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
@@ -83,15 +83,10 @@ def full_state(session) -> dict:
     """Collective: the session's full model state and optimizer state (in LeRobot's layout,
     parameters numbered, as optimizer_state.safetensors holds it), as copies on the main rank
     (without a process group the gathers return views of the live tensors); empty elsewhere."""
-    from lerobot_pipe.training.checkpoint import (
-        flatten_tensors,
-        gather_full_model_state,
-        gather_full_optimizer_state,
-        index_optimizer_state,
-    )
+    from lerobot_pipe.checkpoint.lerobot_state import flatten_tensors, index_optimizer_state
 
-    model = {k: v.clone() for k, v in gather_full_model_state(session.model).items()}
-    optim = gather_full_optimizer_state(session.model, session.optimizer)
+    model = {k: v.clone() for k, v in session.state.model.full_state_dict().items()}
+    optim = session.state.optimizer.full_state_dict()
     numbered = index_optimizer_state(optim)[0] if optim else {}
     return {
         "model": model,

@@ -27,6 +27,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
+from lerobot_pipe import fsutil
 from lerobot_pipe.configs.choice import ChoiceRegistry
 
 log = logging.getLogger(__name__)
@@ -392,19 +393,5 @@ def to_dict(obj: Any) -> Any:
 
 
 def read_json(path: str | Path, what: str) -> dict:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{what} not found: {path}") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read {what} {path}: {e.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"{what} {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})"
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} {path} must hold a JSON object")
-    return data
+    """The JSON object in ``path``; ConfigError naming ``what`` and the file otherwise."""
+    return fsutil.read_json(path, what, error=ConfigError)

@@ -32,7 +32,7 @@ Only public APIs of torch (2.13) and safetensors, chosen as follows:
   (it does not check the CRC-32s inside the records). So the DCP folder's files are first checked
   against the size and SHA-256 that the checkpoint's ``training_state/training_step.json`` lists
   for every file (``"files"``, written by the trainer; checked with
-  ``training.checkpoint.verify_checkpoint_files``), before ``.metadata`` is unpickled and before
+  ``checkpoint.manifest.verify_files``), before ``.metadata`` is unpickled and before
   anything is written or deleted. Without that manifest (a ``pretrained_model/`` outside its step
   folder, a checkpoint written by another tool) a warning says so: a missing or truncated shard,
   or a damaged record structure, is still an error naming the file (torch's reader fails on it,
@@ -76,19 +76,15 @@ from torch.distributed.checkpoint import CheckpointException, Metadata, TensorSt
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.checkpoint.layout import CheckpointError, is_complete, read_training_step
+from lerobot_pipe.checkpoint.manifest import verify_files
 from lerobot_pipe.fsutil import fsync_path
-from lerobot_pipe.policies.hub import checkpoint_step_dir, holds_policy_files, pretrained_dir
-from lerobot_pipe.training.checkpoint import (
-    CheckpointError,
-    is_complete,
-    read_training_step,
-    verify_checkpoint_files,
-)
+from lerobot_pipe.hub.repo_id import looks_like_repo_id
+from lerobot_pipe.policies.locate import checkpoint_step_dir, holds_policy_files, pretrained_dir
 from lerobot_pipe.training.faults import fault_point
 
 logger = logging.getLogger(__name__)
 
-DCP_METADATA_FILE = ".metadata"
 SAFETENSORS_METADATA = {"format": "pt"}
 # Files of the source folder that are never copied into --output_dir.
 _NOT_COPIED = frozenset({C.MODEL_DCP_DIR, C.PUBLISH_RECEIPT})
@@ -97,7 +93,6 @@ _TMP_MARKERS = (".tmp-", ".deleting-")
 _READBACK_BYTES = 4 << 20
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class ConversionError(RuntimeError):
@@ -120,7 +115,7 @@ def _local_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
         if not path.is_dir():
             raise ConversionError(f"checkpoint_dir {path} is not a directory")
         return path
-    if _HUB_ID_RE.match(text) and not text.startswith("."):
+    if looks_like_repo_id(text):
         raise ConversionError(
             f"checkpoint_dir {text} does not exist locally and looks like a Hub repo id: "
             "DCP metadata is a pickle, so only a local folder written by your own run is accepted"
@@ -130,7 +125,7 @@ def _local_dir(checkpoint_dir: str | os.PathLike[str]) -> Path:
 
 def _pretrained_to_convert(checkpoint_dir: str | os.PathLike[str]) -> Path:
     """The pretrained-model folder of a LOCAL step folder, its ``pretrained_model/`` or its DCP
-    folder (``policies.hub.pretrained_dir``); URLs and Hub ids are refused (DCP metadata is a
+    folder (``policies.locate.pretrained_dir``); URLs and Hub ids are refused (DCP metadata is a
     pickle)."""
     pretrained = pretrained_dir(_local_dir(checkpoint_dir))
     if not holds_policy_files(pretrained):
@@ -166,7 +161,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _damaged_file(path: Path, expected_size: int) -> str:
     """What is wrong with ``path``, a DCP file that failed the manifest check."""
-    is_metadata = path.name == DCP_METADATA_FILE
+    is_metadata = path.name == C.DCP_METADATA_FILE
     what = f"DCP {'metadata' if is_metadata else 'shard'} file {path}"
     if not path.is_file():
         return f"{what} is missing"
@@ -208,11 +203,11 @@ def verify_dcp_files(dcp_dir: str | os.PathLike[str]) -> bool:
     for rel, expected in sorted(listed.items()):
         path = step_dir / rel
         try:
-            verify_checkpoint_files(step_dir, {"files": {rel: expected}})
+            verify_files(step_dir, {"files": {rel: expected}})
         except CheckpointError:
             intact = False
         else:
-            intact = path.is_file()  # verify_checkpoint_files passes a shard gone after conversion
+            intact = path.is_file()  # verify_files passes a shard gone after conversion
         if not intact:
             raise ConversionError(
                 f"{_damaged_file(path, expected['size'])}; nothing was written or deleted"
@@ -223,7 +218,7 @@ def verify_dcp_files(dcp_dir: str | os.PathLike[str]) -> bool:
 def read_dcp_metadata(dcp_dir: str | os.PathLike[str]) -> Metadata:
     """Read (unpickle) the ``.metadata`` of a local DCP folder. Local folders only."""
     dcp_dir = Path(dcp_dir)
-    meta_file = dcp_dir / DCP_METADATA_FILE
+    meta_file = dcp_dir / C.DCP_METADATA_FILE
     if not dcp_dir.is_dir():
         raise ConversionError(f"DCP folder {dcp_dir} does not exist")
     if not meta_file.is_file():

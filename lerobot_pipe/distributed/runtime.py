@@ -8,13 +8,16 @@ RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import pickle
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -70,13 +73,53 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_from_main(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (``obj`` itself without a process group)."""
+def broadcast_from_main(obj: Any, group: dist.ProcessGroup | None = None) -> Any:
+    """Rank 0's ``obj`` on every rank (``obj`` itself without a process group); over ``group``
+    (which holds rank 0) when given, else the default group."""
     if not dist.is_initialized():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
+
+
+def run_on_main(
+    fn: Callable[..., T],
+    *args: Any,
+    error_type: type[Exception] = RuntimeError,
+    describe: Callable[[BaseException], str] = str,
+    what: str = "the main process's work",
+    **kwargs: Any,
+) -> T:
+    """Collective: run ``fn`` on rank 0 only and give every rank the same outcome.
+
+    Without a process group this is ``fn(*args, **kwargs)``. Otherwise rank 0's result (which
+    must be picklable) is broadcast; when ``fn`` fails, rank 0 re-raises its exception and every
+    other rank raises ``error_type`` with ``describe(exception)`` (saying ``what`` failed and the
+    exception's type, unless it is an ``error_type`` itself). Every rank must call this.
+    """
+    if not dist.is_initialized():
+        return fn(*args, **kwargs)
+    payload: list[Any] = [None]
+    error: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            result = fn(*args, **kwargs)
+            pickle.dumps(result)  # fail here, not inside the collective, if it cannot be sent
+            payload = [("ok", result)]
+        except BaseException as exc:  # broadcast even on KeyboardInterrupt so no rank hangs
+            error = exc
+            payload = [("error", (type(exc).__name__, describe(exc)))]
+    dist.broadcast_object_list(payload, src=0)
+    kind, value = payload[0]
+    if kind == "ok":
+        return value
+    if error is not None:
+        raise error
+    type_name, message = value
+    if type_name == error_type.__name__:
+        raise error_type(message)
+    raise error_type(f"{what} failed on rank 0: {type_name}: {message}")
 
 
 def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any] | None:

@@ -1,25 +1,28 @@
-"""Publishing to the Hugging Face Hub: folders, checkpoints and model cards."""
+"""Publishing to the Hugging Face Hub: folders, checkpoints and model cards.
 
-from lerobot_pipe.hub.model_card import make_model_card
-from lerobot_pipe.hub.publish import (
-    ALLOW_PATTERNS,
-    PublishError,
-    PublishReceipt,
-    collect_publish_files,
-    publish_checkpoint,
-    publish_folder,
-    publish_from_main_process,
-    validate_repo_id,
-)
+The names below load :mod:`.publish` (huggingface_hub) on first use, so that
+:mod:`.repo_id`, which flag checks import before launch, costs nothing more."""
 
-__all__ = [
-    "ALLOW_PATTERNS",
-    "PublishError",
-    "PublishReceipt",
-    "collect_publish_files",
-    "make_model_card",
-    "publish_checkpoint",
-    "publish_folder",
-    "publish_from_main_process",
-    "validate_repo_id",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ALLOW_PATTERNS": "publish",
+    "PublishError": "publish",
+    "PublishReceipt": "publish",
+    "collect_publish_files": "publish",
+    "publish_checkpoint": "publish",
+    "publish_folder": "publish",
+    "validate_repo_id": "publish",
+    "make_model_card": "model_card",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

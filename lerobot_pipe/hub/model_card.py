@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.hub.repo_id import looks_like_repo_id
 
 _SECRET_KEY_RE = re.compile(r"token|secret|password|passwd|api_?key|credential", re.IGNORECASE)
 _HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{16,}")
@@ -164,7 +165,7 @@ def model_card_for_checkpoint(pretrained_dir: str | Path, repo_id: str) -> str:
         "peft": (config.get("peft") or {}).get("method_type"),
     }
     metrics = None
-    metrics_file = Path(config.get("output_dir") or "") / "metrics.jsonl"
+    metrics_file = Path(config.get("output_dir") or "") / C.METRICS_LOG
     if config.get("output_dir") and metrics_file.is_file():
         lines = metrics_file.read_text().splitlines()
         if lines:
@@ -184,6 +185,4 @@ def model_card_for_checkpoint(pretrained_dir: str | Path, repo_id: str) -> str:
 
 def _hub_repo_id_or_none(path: str | None) -> str | None:
     """A base model the card can link to: a Hub repo id, not a local folder."""
-    if not path or path.startswith(("/", ".")) or path.count("/") != 1 or Path(path).exists():
-        return None
-    return path
+    return path if path and looks_like_repo_id(path) else None

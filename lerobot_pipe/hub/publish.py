@@ -39,7 +39,6 @@ import contextlib
 import fnmatch
 import logging
 import os
-import pickle
 import re
 import socket
 import time
@@ -55,7 +54,8 @@ from huggingface_hub.errors import HfHubHTTPError
 from lerobot_pipe import __version__
 from lerobot_pipe import constants as C
 from lerobot_pipe.fsutil import write_json_atomic
-from lerobot_pipe.policies.hub import checkpoint_step_dir, holds_policy_files, pretrained_dir
+from lerobot_pipe.hub.repo_id import repo_id_problem
+from lerobot_pipe.policies.locate import checkpoint_step_dir, holds_policy_files, pretrained_dir
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ ALLOW_PATTERNS = ["*.safetensors", "*.json", "*.yaml", "*.md"]
 DENY_DIRS = frozenset({C.TRAINING_STATE_DIR, C.OPTIMIZER_DCP_DIR, C.MODEL_DCP_DIR})
 DENY_NAMES = frozenset(
     {
-        ".metadata",
+        C.DCP_METADATA_FILE,
         C.OPTIMIZER_STATE,
         C.OPTIMIZER_PARAM_GROUPS,
         C.RNG_STATE,
@@ -80,7 +80,6 @@ DENY_SUFFIXES = (".distcp",)
 # Text files scanned for a leaked token before upload.
 _TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".md", ".txt")
 
-_REPO_PART_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{16,}")
 _REPO_TYPES = ("model", "dataset", "space")
@@ -118,35 +117,11 @@ class PublishReceipt:
 
 # ---------------------------------------------------------------------------- validation
 def validate_repo_id(repo_id: str) -> str:
-    """Check that ``repo_id`` is ``namespace/name`` with the Hub's allowed characters.
-
-    Rejects traversal (``..``), absolute paths, backslashes, empty parts, ``--``, and names that
-    start or end with ``-``/``.``. Returns ``repo_id`` unchanged.
-    """
-    if not isinstance(repo_id, str) or not repo_id:
-        raise PublishError(f"invalid repo_id {repo_id!r}: expected 'namespace/name'")
-    why = None
-    if "\\" in repo_id:
-        why = "backslashes are not allowed"
-    elif repo_id.startswith("/"):
-        why = "absolute paths are not allowed"
-    elif ".." in repo_id:
-        why = "'..' is not allowed"
-    elif "--" in repo_id:
-        why = "'--' is not allowed"
-    elif repo_id.count("/") != 1:
-        why = "expected exactly one '/' between namespace and name"
-    else:
-        namespace, name = repo_id.split("/")
-        if not namespace or not name:
-            why = "namespace and name must not be empty"
-        elif not (_REPO_PART_RE.match(namespace) and _REPO_PART_RE.match(name)):
-            why = (
-                "use letters, digits, '-', '_' and '.' only (at most 96 per part), "
-                "not starting or ending with '-' or '.'"
-            )
-    if why:
-        raise PublishError(f"invalid repo_id {repo_id!r}: {why}; expected 'namespace/name'")
+    """``repo_id`` unchanged when it is ``namespace/name`` with the Hub's allowed characters
+    (:func:`~lerobot_pipe.hub.repo_id.repo_id_problem`), else PublishError saying why."""
+    problem = repo_id_problem(repo_id)
+    if problem:
+        raise PublishError(problem)
     return repo_id
 
 
@@ -213,6 +188,11 @@ def _redact(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, "***")
     return _HF_TOKEN_RE.sub("hf_***", text)
+
+
+def redacted(exc: BaseException) -> str:
+    """An exception's message with every known token replaced (for logs and other ranks)."""
+    return _redact(str(exc), _known_secrets(None))
 
 
 def _check_no_token_in_files(files: dict[str, Path | bytes], secrets: list[str]) -> None:
@@ -635,41 +615,3 @@ def publish_checkpoint(
         model_card=model_card,
         **options,
     )
-
-
-# ---------------------------------------------------------------------------- collectives
-def publish_from_main_process(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run ``fn`` on rank 0 only and give every rank the same outcome.
-
-    Without an initialized ``torch.distributed`` process group this is ``fn(*args, **kwargs)``.
-    Otherwise rank 0 runs ``fn``; its result (which must be picklable) or its error message is
-    broadcast with ``broadcast_object_list``; every rank returns the result, or raises: rank 0
-    re-raises the original exception, the other ranks a ``PublishError`` with the same message.
-    Every rank must call this (it is a collective).
-    """
-    dist = None
-    with contextlib.suppress(ImportError):
-        import torch.distributed as dist
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return fn(*args, **kwargs)
-    payload: list[Any] = [None]
-    error: BaseException | None = None
-    if dist.get_rank() == 0:
-        try:
-            result = fn(*args, **kwargs)
-            pickle.dumps(result)  # fail here, not inside the collective, if it cannot be sent
-            payload = [("ok", result)]
-        except BaseException as exc:  # broadcast even on KeyboardInterrupt so no rank hangs
-            error = exc
-            message = _redact(str(exc), _known_secrets(None))
-            payload = [("error", (type(exc).__name__, message))]
-    dist.broadcast_object_list(payload, src=0)
-    kind, value = payload[0]
-    if kind == "ok":
-        return value
-    if error is not None:
-        raise error
-    type_name, message = value
-    if type_name == PublishError.__name__:
-        raise PublishError(message)
-    raise PublishError(f"publishing failed on rank 0: {type_name}: {message}")

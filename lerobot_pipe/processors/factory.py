@@ -44,7 +44,7 @@ def make_pre_post_processors(
     """The policy's (preprocessor, postprocessor): loaded from ``pretrained_path`` (a folder or
     a Hub repo id) when given, else built from ``policy_cfg`` and ``dataset_stats``."""
     if pretrained_path is not None:
-        from lerobot_pipe.policies.hub import local_policy_folder
+        from lerobot_pipe.policies.locate import local_policy_folder
 
         folder = local_policy_folder(
             str(pretrained_path), pretrained_revision, required_file=preprocessor_config_filename

@@ -65,7 +65,7 @@ class ValidateOptions:
 def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
     from lerobot_pipe.configs.parser import to_dict
     from lerobot_pipe.fsutil import write_json_atomic
-    from lerobot_pipe.training.plan import make_plan
+    from lerobot_pipe.training.preflight import make_plan
 
     world_size = options.nproc_per_node * options.nnodes
     plan = make_plan(train_args, world_size, os.environ)
@@ -86,29 +86,29 @@ def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
 
 @dataclass
 class ResumeArgsOptions:
-    """Print --resume=true when --output_dir holds a complete checkpoint: lerobot-train then
-    resumes from the newest one that verifies, and its flags (the pipeline's config, nulls
-    included) decide everything else; the saved train_config.json is not read back."""
+    """Print --resume=true when --output_dir holds a usable checkpoint (the resume resolver's
+    first step: sizes only, no file is read): lerobot-train then resumes from the newest one
+    that verifies, and its flags (the pipeline's config, nulls included) decide everything else;
+    the saved train_config.json is not read back."""
 
     output_dir: str = required()  # lerobot-train's --output_dir
 
 
 def cmd_resume_args(options: ResumeArgsOptions, _: list[str]) -> int:
-    from lerobot_pipe.training.checkpoint import newest_usable_checkpoint
+    from lerobot_pipe.checkpoint import resume
 
-    found = newest_usable_checkpoint(options.output_dir)
-    if found is None:
+    point = resume.locate(options.output_dir)
+    if point is None:
         log.info("no complete checkpoint in %s: training starts fresh", options.output_dir)
         return 0
-    latest, info = found
-    log.info("resuming from %s (step %d)", latest, info["step"])
+    log.info("resuming from %s (step %d)", point.step_dir, point.step)
     print("--resume=true")
     return 0
 
 
 @dataclass
 class LaunchTrainOptions:
-    """The pipeline's train job (lerobot_pipe/training/launcher.py): torchrun (srun + torchrun
+    """The pipeline's train job (lerobot_pipe/pipeline/train_job.py): torchrun (srun + torchrun
     under SLURM) resuming from the newest complete checkpoint, its progress on the terminal,
     stopped when snakemake goes."""
 
@@ -121,7 +121,7 @@ class LaunchTrainOptions:
 
 
 def cmd_launch_train(options: LaunchTrainOptions, train_args: list[str]) -> int:
-    from lerobot_pipe.training.launcher import launch_train
+    from lerobot_pipe.pipeline.train_job import launch_train
 
     final = options.final_checkpoint
     return launch_train(
@@ -233,9 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in args):
         print(command_usage(name))
         return 0
-    from lerobot_pipe.hub.publish import PublishError
-    from lerobot_pipe.pipeline_config import with_config_keys
-    from lerobot_pipe.training.plan import USER_ERRORS
+    from lerobot_pipe.pipeline.config import with_config_keys
+    from lerobot_pipe.training.preflight import USER_ERRORS
     from lerobot_pipe.training.run_lock import RunLockError
 
     command = COMMANDS[name]
@@ -246,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return command.run(options, rest)
-    except (*USER_ERRORS, PublishError, ValueError, FileNotFoundError) as e:
+    except (*USER_ERRORS, ValueError, FileNotFoundError) as e:
         # validate and launch-train check lerobot-train's flags, the pipeline's config: name
         # its keys too.
         message = with_config_keys(str(e)) if command.passes_on else str(e)

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging(launched_rank())
     log = logging.getLogger("lerobot_pipe.train")
-    from lerobot_pipe.training.plan import USER_ERRORS, make_plan
+    from lerobot_pipe.training.preflight import USER_ERRORS, make_plan
 
     try:
         plan = make_plan(argv, launched_world_size(), os.environ)

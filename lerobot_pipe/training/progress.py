@@ -1,21 +1,30 @@
-"""What a user watching a training run sees: step, loss, throughput and time left.
+"""What a user watching a training run sees: step, loss, throughput and time left, and the
+structured channel that carries it from the trainer to the pipeline's train job.
 
-On a terminal, a tqdm bar. Anywhere else (a log file, the pipeline's launcher) a line from the
-``lerobot_pipe.progress`` logger every PROGRESS_INTERVAL_S seconds, at every saved checkpoint and
-at the last step; the pipeline's launcher shows those lines on the terminal while the whole log
-goes to train.log.
+The trainer (:class:`ProgressReporter`) shows a tqdm bar on a terminal; anywhere else (a log
+file) it logs a line every PROGRESS_INTERVAL_S seconds, at every saved checkpoint and at the
+last step. Each such update is also an event in ``<output_dir>/progress.jsonl``
+(:class:`EventChannel`), one JSON object a line, with every rank's warnings and errors beside
+them; the pipeline's train job follows that file (:class:`EventFollower`) and draws the same
+line (:func:`render_progress`, the one renderer) on its terminal, while the whole log goes to
+train.log. Nothing reads the log's text. Torch-free.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import torch
+from lerobot_pipe import constants as C
+
+if TYPE_CHECKING:
+    import torch
 
 PROGRESS_LOGGER = "lerobot_pipe.progress"
 PROGRESS_INTERVAL_S = 5.0
@@ -27,7 +36,90 @@ def format_eta(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
 
 
-class Progress:
+def render_progress(event: dict[str, Any]) -> str:
+    """The progress line of a ``progress`` event, e.g.
+    ``step 40/60 (66%) loss 0.1234 12.3 samples/s ETA 0:00:12; saved <folder>``."""
+    step, total, loss = event["step"], event["total"], event.get("loss")
+    eta = event.get("eta_s")
+    text = (
+        f"step {step}/{total} ({100 * step // max(total, 1)}%) "
+        f"loss {'-' if loss is None else f'{loss:.4f}'} {event['samples_per_s']:.1f} samples/s "
+        f"ETA {'?' if eta is None else format_eta(eta)}"
+    )
+    return text + (f"; saved {event['saved']}" if event.get("saved") else "")
+
+
+def render_event(event: dict[str, Any]) -> str:
+    """One line for any event: a progress line, or ``[rank<r>] LEVEL message``."""
+    if event.get("event") == "progress":
+        return render_progress(event)
+    rank = event.get("rank", 0)
+    return f"{f'[rank{rank}] ' if rank else ''}{event['level']} {event['message']}"
+
+
+def events_path(output_dir: str | Path) -> Path:
+    return Path(output_dir) / C.PROGRESS_EVENTS
+
+
+class EventChannel(logging.Handler):
+    """Appends events to ``progress.jsonl``: :meth:`emit_event` for progress (main rank), and, as
+    a logging handler on every rank, each warning and error record. One ``write`` per line on a
+    file opened for appending, so lines of several ranks never interleave."""
+
+    def __init__(self, output_dir: str | Path, rank: int) -> None:
+        super().__init__(level=logging.WARNING)
+        self.rank = rank
+        self.path = events_path(output_dir)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def emit_event(self, event: dict[str, Any]) -> None:
+        line = json.dumps({**event, "time": time.time()}) + "\n"
+        os.write(self._fd, line.encode())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad log call must not break training
+            message = str(record.msg)
+        self.emit_event(
+            {"event": "log", "level": record.levelname, "rank": self.rank, "message": message}
+        )
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        super().close()
+
+
+class EventFollower:
+    """New events of a ``progress.jsonl`` that the trainer appends to (it may not exist yet);
+    starts at the file's end, so a resumed run's train job shows only its own."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = path.stat().st_size if path.exists() else 0
+        self._partial = b""
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        *complete, self._partial = (self._partial + data).split(b"\n")
+        out = []
+        for line in complete:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # not ours: skipped, never fatal
+                continue
+        return out
+
+
+class ProgressReporter:
     """Call :meth:`update` after every loop step (with the loss sum and count since the last
     logged step, and the checkpoint it saved, if any) and :meth:`set_loss` with the loss of every
     logged step (the mean over all ranks). Between logged steps a line shows the main process's
@@ -39,6 +131,7 @@ class Progress:
         start_step: int,
         total_steps: int,
         samples_per_step: int,
+        channel: EventChannel | None = None,
         stream: TextIO | None = None,
     ) -> None:
         stream = stream or sys.stderr
@@ -46,6 +139,7 @@ class Progress:
         self.start_step = start_step
         self.total = total_steps
         self.samples_per_step = samples_per_step
+        self.channel = channel
         self.loss: float | None = None
         self.bar = None
         if enabled and stream.isatty():
@@ -74,28 +168,29 @@ class Progress:
             return
         if self.bar is not None:
             self.bar.update(1)
-            return
         now = time.monotonic()
         if now - self._last_time >= PROGRESS_INTERVAL_S or step == self.total or saved:
             loss_sum, count = running.tolist()  # a device sync, once a line
-            self._log_line(step, now, loss_sum / count if count else self.loss, saved)
+            self._emit(step, now, loss_sum / count if count else self.loss, saved)
 
-    def _log_line(self, step: int, now: float, loss: float | None, saved: Path | None) -> None:
+    def _emit(self, step: int, now: float, loss: float | None, saved: Path | None) -> None:
         window = now - self._last_time
-        samples_per_s = (step - self._last_step) * self.samples_per_step / window if window else 0
         done = step - self.start_step
-        elapsed = now - self._started
-        eta = format_eta((self.total - step) * elapsed / done) if done else "?"
-        log.info(
-            "step %d/%d (%d%%) loss %s %.1f samples/s ETA %s%s",
-            step,
-            self.total,
-            100 * step // self.total,
-            f"{loss:.4f}" if loss is not None else "-",
-            samples_per_s,
-            eta,
-            f"; saved {saved}" if saved else "",
-        )
+        event = {
+            "event": "progress",
+            "step": step,
+            "total": self.total,
+            "loss": loss,
+            "samples_per_s": (step - self._last_step) * self.samples_per_step / window
+            if window
+            else 0.0,
+            "eta_s": (self.total - step) * (now - self._started) / done if done else None,
+            "saved": str(saved) if saved else None,
+        }
+        if self.channel is not None:
+            self.channel.emit_event(event)
+        if self.bar is None:
+            log.info("%s", render_progress(event))
         self._last_time, self._last_step = now, step
 
     def close(self) -> None:

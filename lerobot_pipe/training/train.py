@@ -25,9 +25,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.checkpoint.manager import CheckpointManager
+from lerobot_pipe.checkpoint.pretrained import PolicyFiles
+from lerobot_pipe.checkpoint.stateful import TrainState
 from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
-from lerobot_pipe.distributed.batch_norm import broadcast_batch_norm_stats
 from lerobot_pipe.distributed.parallelize import (
     apply_parallelism,
     autocast_dtype,
@@ -40,14 +42,10 @@ from lerobot_pipe.distributed.runtime import (
     broadcast_from_main,
     destroy,
     init_distributed,
+    run_on_main,
 )
 from lerobot_pipe.policies.factory import make_policy
-from lerobot_pipe.policies.peft import (
-    adapter_key_map,
-    apply_peft,
-    write_adapter,
-    write_adapter_config,
-)
+from lerobot_pipe.policies.peft import adapter_key_map, apply_peft
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy
 from lerobot_pipe.processors import (
     NormalizerProcessorStep,
@@ -56,13 +54,10 @@ from lerobot_pipe.processors import (
     make_pre_post_processors,
 )
 from lerobot_pipe.training import faults
-from lerobot_pipe.training.checkpoint import load_checkpoint, remove_stale_temporaries
-from lerobot_pipe.training.checkpointer import Checkpointer
 from lerobot_pipe.training.optim import make_optimizer, make_scheduler
-from lerobot_pipe.training.plan import TrainingPlan, sample_indices, verify_resume
-from lerobot_pipe.training.progress import Progress
+from lerobot_pipe.training.preflight import TrainingPlan, sample_indices
+from lerobot_pipe.training.progress import EventChannel, ProgressReporter
 from lerobot_pipe.training.run_lock import RunLock, RunLockError, acquire_run_lock
-from lerobot_pipe.training.state import TrainState
 
 log = logging.getLogger("lerobot_pipe.train")
 
@@ -114,77 +109,6 @@ def _training_step_record(plan: TrainingPlan) -> dict:
     }
 
 
-def _explain_resume(plan: TrainingPlan, env: DistEnv) -> int:
-    """Log what changed since the checkpoint; return the global sample position to continue at."""
-    info = plan.resume_info
-    # LeRobot's training_step.json has num_processes (its world size = dp world size); before
-    # 0.5 only the step, then it assumes this run's world size and batch size, as LeRobot does.
-    saved_dp = info.get("dp_world_size", info.get("num_processes", plan.dims.dp_world_size))
-    saved_batch = info.get("batch_size", plan.cfg.batch_size)
-    samples = int(info.get("samples_consumed", info["step"] * saved_batch * saved_dp))
-    if not env.is_main:
-        return samples
-    # LeRobot's training_step.json has no topology: its num_processes ran plain DDP.
-    old_topology = info.get("parallelism") or {
-        "dp_replicate": saved_dp,
-        "dp_shard": 1,
-        "world_size": saved_dp,
-    }
-    now = plan.dims.to_dict()
-    changes = [
-        f"{k}: {old_topology.get(k)} -> {now[k]}"
-        for k in ("dp_replicate", "dp_shard", "world_size")
-        if old_topology.get(k) != now[k]
-    ]
-    if changes:
-        log.info(
-            "Topology changed since the checkpoint (%s); state is resharded on load",
-            ", ".join(changes),
-        )
-    old_global = info.get("global_batch_size", saved_batch * saved_dp)
-    new_global = plan.cfg.batch_size * plan.dims.dp_world_size
-    if old_global != new_global:
-        log.warning(
-            "global batch changed (%d -> %d samples per step): the run continues at sample %d of "
-            "the same data order, but it is not sample-exact with an uninterrupted run",
-            old_global,
-            new_global,
-            samples,
-        )
-    return samples
-
-
-@dataclass
-class PolicyFiles:
-    """Writes a checkpoint's pretrained_model/ (the :class:`TrainState`'s ``pretrained``): the
-    policy's config.json and weights (PEFT: the adapter and the base's config), its processors
-    and train_config.json. Reads only what training does not change."""
-
-    policy: PreTrainedPolicy
-    trainee: nn.Module
-    pre: PolicyProcessorPipeline
-    post: PolicyProcessorPipeline
-    cfg: Any  # the TrainConfig, written as train_config.json
-
-    def __call__(self, directory: Path, full_state: dict[str, torch.Tensor] | None) -> None:
-        if self.trainee is not self.policy:  # PEFT: the adapter only, plus the base's config
-            self.policy.config.save_pretrained(directory)
-            if full_state is not None:
-                write_adapter(directory, self.trainee, full_state)
-            else:
-                write_adapter_config(directory, self.trainee)
-        elif full_state is not None:
-            self.policy.save_pretrained(directory, state_dict=full_state)
-        else:
-            self.policy.config.save_pretrained(directory)
-        faults.fault_point("save:after_model_file")
-        self.pre.save_pretrained(directory)
-        self.post.save_pretrained(directory)
-        faults.fault_point("save:after_processors")
-        text = json.dumps(to_dict(self.cfg), indent=4) + "\n"
-        (directory / C.TRAIN_CONFIG_NAME).write_text(text)
-
-
 def _loss_normalizers(
     policy: PreTrainedPolicy, window: list[dict[str, torch.Tensor]], device: torch.device
 ) -> dict:
@@ -216,7 +140,7 @@ class MetricsLog:
     """metrics.jsonl in the output dir (main rank), plus trackio when enabled."""
 
     def __init__(self, plan: TrainingPlan, is_main: bool) -> None:
-        self.path = plan.output_dir / "metrics.jsonl"
+        self.path = plan.output_dir / C.METRICS_LOG
         self.enabled = is_main
         self.trackio = None
         if not is_main:
@@ -259,10 +183,27 @@ def train(plan: TrainingPlan) -> Path | None:
     """
     env = init_distributed()
     try:
-        with hold_run_lock(plan.output_dir, env):
-            return _train(plan, env)
+        with hold_run_lock(plan.output_dir, env), event_channel(plan.output_dir, env) as channel:
+            return run_loop(env, prepare_session(plan, env), channel)
     finally:
         destroy()
+
+
+@contextlib.contextmanager
+def event_channel(output_dir: Path, env: DistEnv):
+    """Every rank's warnings and errors, and the main rank's progress, as events in
+    progress.jsonl (what the pipeline's train job shows), for the whole run."""
+    if env.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    broadcast_from_main(None)  # the folder exists before any rank opens the file
+    channel = EventChannel(output_dir, env.rank)
+    root = logging.getLogger()
+    root.addHandler(channel)
+    try:
+        yield channel
+    finally:
+        root.removeHandler(channel)
+        channel.close()
 
 
 @contextlib.contextmanager
@@ -291,21 +232,22 @@ def hold_run_lock(output_dir: Path, env: DistEnv):
 class Session:
     """The stateful objects of a run, built and (on resume) restored, ready for the loop."""
 
+    plan: TrainingPlan  # the plan as verified: its resume point is the checkpoint loaded
     policy: PreTrainedPolicy  # the unwrapped policy (config, save_pretrained)
     trainee: nn.Module  # the policy, or its PeftModel wrapper with PEFT
     state: TrainState  # what a checkpoint holds; its progress is where the loop starts
-    checkpointer: Checkpointer
+    checkpoints: CheckpointManager
     pre: Any
     post: Any
     ignored: list[nn.Parameter]  # FSDP2-ignored parameters, whose gradients the loop averages
 
     @property
     def model(self) -> nn.Module:  # what the loop calls: the policy wrapped for the topology
-        return self.state.model
+        return self.state.model.module
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        return self.state.optimizer
+        return self.state.optimizer.optimizer
 
 
 def make_processors(
@@ -329,24 +271,23 @@ def make_processors(
 
 
 def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
-    """Build policy, processors, wrapping, optimizer, scheduler and scaler; restore a checkpoint
-    when resuming (resharding onto this topology). Collective."""
+    """Verify the checkpoint to resume from (each rank hashing a share; a fallback gives a new
+    plan), then build policy, processors, wrapping, optimizer, scheduler and scaler and restore
+    the checkpoint onto this topology (resharding as needed). Collective."""
     cfg, dims = plan.cfg, plan.dims
-    checkpointer = Checkpointer(
+    checkpoints = CheckpointManager(
         plan.output_dir,
         total_steps=cfg.steps,
+        save_freq=cfg.save_freq,
+        enabled=cfg.save_checkpoint,
         checkpoint_format=cfg.checkpoint_format,
         sharded=dims.is_sharded,
         run_info=_training_step_record(plan),
         async_save=cfg.checkpoint_async,
         keep_last=cfg.checkpoint_keep_last,
+        is_main=env.is_main,
     )
-    if plan.resume_from is not None:  # every rank checks a share of the files, before any write
-        verify_resume(plan, checkpointer.group)
-    if env.is_main:
-        plan.output_dir.mkdir(parents=True, exist_ok=True)
-        for path in remove_stale_temporaries(plan.output_dir):
-            log.info("removed unfinished checkpoint write %s", path)
+    plan = plan.resuming(checkpoints.verify(plan.resume, cfg.policy.type))
 
     if cfg.cudnn_deterministic:
         torch.backends.cudnn.deterministic = True
@@ -364,7 +305,6 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     if cfg.peft is not None:
         trainee = apply_peft(policy, cfg.peft, cfg.policy.pretrained_path)
         adapter_keys = adapter_key_map(trainee)
-        policy.config.use_peft = True  # config.json then tells LeRobot to load the adapter
     n_params = sum(p.numel() for p in trainee.parameters())
     n_trainable = sum(p.numel() for p in trainee.parameters() if p.requires_grad)
 
@@ -377,49 +317,42 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     scaler = make_grad_scaler(env.device, dims, enabled=cfg.accelerator.mixed_precision == "fp16")
     seed_everything(cfg.seed + env.rank)
 
-    state = TrainState(
-        model=model,
-        optimizer=optimizer,
-        pretrained=PolicyFiles(policy, trainee, pre, post, cfg),
+    state = TrainState.build(
+        model,
+        optimizer,
+        PolicyFiles(policy, trainee, pre, post, cfg),
         scheduler=scheduler,
         scaler=scaler,
         adapter_key_map=(lambda sd: {adapter_keys[k]: v for k, v in sd.items()})
         if adapter_keys
         else None,
     )
-    if plan.resume_from is not None:
-        load_checkpoint(plan.resume_from, state)
-        state.progress.samples_consumed = _explain_resume(plan, env)
+    checkpoints.load(state, plan.resume)
     if env.is_main:
         log.info("\n%s", banner(plan, env, (n_params, n_trainable)))
     return Session(
+        plan=plan,
         policy=policy,
         trainee=trainee,
         state=state,
-        checkpointer=checkpointer,
+        checkpoints=checkpoints,
         pre=pre,
         post=post,
         ignored=ignored,
     )
 
 
-def _train(plan: TrainingPlan, env: DistEnv) -> Path | None:
-    return run_loop(plan, env, prepare_session(plan, env))
-
-
-def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
+def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None) -> Path | None:
+    """Train the session's plan to its last step; the newest checkpoint this run wrote (or, when
+    nothing was left to train, the one it resumed from). Progress events go to ``channel``."""
+    plan, state, checkpoints = session.plan, session.state, session.checkpoints
     cfg, dims = plan.cfg, plan.dims
     ga = cfg.accelerator.gradient_accumulation.steps
-    state, checkpointer = session.state, session.checkpointer
-    model, optimizer, scheduler, scaler = (
-        state.model,
-        state.optimizer,
-        state.scheduler,
-        state.scaler,
-    )
+    model, optimizer = session.model, session.optimizer
+    scheduler, scaler = state.scheduler, state.scaler
     pre, ignored, start_step = session.pre, session.ignored, state.progress.step
     if start_step >= cfg.steps:
-        checkpointer.shutdown()
+        checkpoints.shutdown()
         if env.is_main:
             log.info(
                 "Checkpoint step %d already reaches --steps=%d: nothing to train",
@@ -441,7 +374,9 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers, device=env.device)
     metrics = MetricsLog(plan, env.is_main)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    progress = Progress(env.is_main, start_step, cfg.steps, cfg.batch_size * dims.dp_world_size)
+    progress = ProgressReporter(
+        env.is_main, start_step, cfg.steps, cfg.batch_size * dims.dp_world_size, channel
+    )
     autocast = (
         torch.autocast(env.device.type, dtype=amp_dtype)
         if amp_dtype is not None
@@ -454,7 +389,6 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
     window: list[dict[str, torch.Tensor]] = []
     try:
         for step in range(start_step + 1, cfg.steps + 1):
-            saved = None
             faults.set_step(step)
             if not window:  # the micro-batches of one optimizer update
                 window = [prefetcher.next() for _ in range(ga)]
@@ -511,22 +445,17 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
                 running.zero_()
                 window_start, window_samples = time.perf_counter(), 0
 
-            if cfg.save_checkpoint and (
-                (cfg.save_freq > 0 and step % cfg.save_freq == 0) or step == cfg.steps
-            ):
-                # Every topology saves rank 0's batch norm statistics (DDP's; FSDP2 keeps each
-                # rank's own): lerobot_pipe/distributed/batch_norm.py.
-                broadcast_batch_norm_stats(model)
-                state.progress.step = step
-                state.progress.samples_consumed = sampler.samples_consumed
-                checkpointer.save(state)
+            state.progress.step = step
+            state.progress.samples_consumed = sampler.samples_consumed
+            saved = None
+            if checkpoints.save(step, last_step=step == cfg.steps):
                 # The newest durable checkpoint: this one (sync) or the one before (async).
-                saved = checkpointer.last_saved
+                saved = checkpoints.last_saved
                 window_start = time.perf_counter()
             progress.update(step, running, saved)
-        last_saved = checkpointer.close()  # training ends once the last save is durable
+        last_saved = checkpoints.close()  # training ends once the last save is durable
     finally:
-        checkpointer.shutdown()  # after an error: still lets the save in flight finish
+        checkpoints.shutdown()  # after an error: still lets the save in flight finish
         prefetcher.close()
         progress.close()
         metrics.close()
@@ -536,15 +465,18 @@ def run_loop(plan: TrainingPlan, env: DistEnv, session: Session) -> Path | None:
 
 
 def _push_final(plan: TrainingPlan, step_dir: Path) -> None:
-    from lerobot_pipe.hub.publish import publish_checkpoint, publish_from_main_process
+    from lerobot_pipe.hub.publish import PublishError, publish_checkpoint, redacted
 
     repo_id = plan.cfg.policy.repo_id
-    publish_from_main_process(
+    run_on_main(
         publish_checkpoint,
         step_dir,
         repo_id,
         intermediate=False,
         step=int(step_dir.name),
         private=plan.cfg.policy.private,
+        error_type=PublishError,
+        describe=redacted,
+        what="publishing",
     )
     log.info("Pushed %s to %s", step_dir / C.PRETRAINED_MODEL_DIR, repo_id)

@@ -9,7 +9,7 @@ import pytest
 from lerobot_pipe.configs.optim import AdamConfig
 from lerobot_pipe.configs.parser import ConfigError, from_dict, split_flags, to_dict
 from lerobot_pipe.configs.train import TrainConfig
-from lerobot_pipe.training.plan import parse_train_config
+from lerobot_pipe.training.preflight import parse_train_config
 
 
 def test_split_flags_forms():
@@ -100,11 +100,11 @@ def test_lerobot_int_flags_read_as_bools():
 def test_optimizer_flags_are_replaced_by_the_preset_with_a_warning(caplog):
     """LeRobot's rule (use_policy_training_preset=true): --optimizer.* gives way to the policy's
     preset; LeRobot does it silently, we say so."""
-    from lerobot_pipe.training.plan import validate_config
+    from lerobot_pipe.training.preflight import validate_config
 
     argv = ["--policy.type=act", "--policy.optimizer_lr=0.002", "--dataset.root=x"]
     cfg, _ = parse_train_config([*argv, "--optimizer.type=adamw", "--optimizer.lr=0.5"])
-    validate_config(cfg)
+    cfg = validate_config(cfg)
     assert cfg.optimizer.lr == 0.002 and cfg.scheduler is None
     assert "replaced by the policy's presets" in caplog.text
 

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.checkpoint.manifest import file_manifest
 from lerobot_pipe.fsutil import write_json_atomic
-from lerobot_pipe.training.checkpoint import file_manifest
 
 LAUNCH_TIMEOUT_S = 120.0
 

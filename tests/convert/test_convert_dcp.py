@@ -22,7 +22,7 @@ from lerobot_pipe.convert import (
     verify_against_dcp,
 )
 from lerobot_pipe.convert import dcp_to_safetensors as mod
-from lerobot_pipe.policies.hub import pretrained_dir
+from lerobot_pipe.policies.locate import pretrained_dir
 
 
 def _assert_same_tensors(path: Path, reference: Path) -> None:
@@ -119,7 +119,7 @@ def test_load_dcp_state_dict_matches_reference(dcp_step):
 
 
 def test_pretrained_dir_accepts_step_pretrained_and_dcp_dirs(dcp_step):
-    """The one resolver of "a step folder or its pretrained_model/" (policies.hub), which the
+    """The one resolver of "a step folder or its pretrained_model/" (policies.locate), which the
     converter uses."""
     step, _ = dcp_step
     pretrained = _pretrained(step)

@@ -23,15 +23,12 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
 from lerobot_pipe.distributed.parallel_dims import resolve_parallelism
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.training.checkpoint import (
-    validate_checkpoint_layout,
-)
-from lerobot_pipe.training.plan import (
+from lerobot_pipe.training.preflight import (
     TrainingPlan,
-    check_backbone_weights,
-    check_policy_plan,
     parse_train_config,
-    validate_config,
+    plan_on_dataset,
+    resolve_config,
+    resume_point,
 )
 from lerobot_pipe.training.train import prepare_session, run_loop
 
@@ -92,24 +89,10 @@ class InMemoryCameraDataset:
 def camera_plan(argv: list[str], world_size: int) -> TrainingPlan:
     """make_plan's steps, with the in-memory dataset in place of the one it opens."""
     cfg, source_step = parse_train_config(argv)
-    validate_config(cfg)
+    cfg = resolve_config(cfg)
     dims = resolve_parallelism(cfg.parallelism, world_size)
-    resume_from = resume_info = None
-    if cfg.resume:
-        resume_from = source_step.resolve()
-        resume_info = validate_checkpoint_layout(resume_from)
     dataset = InMemoryCameraDataset(cfg.dataset.root, chunk=cfg.policy.chunk_size)
-    sharding = check_policy_plan(cfg, dims, dataset)
-    check_backbone_weights(cfg, os.environ)
-    return TrainingPlan(
-        cfg=cfg,
-        dims=dims,
-        dataset=dataset,
-        output_dir=Path(cfg.output_dir),
-        resume_from=resume_from,
-        resume_info=resume_info,
-        sharding=sharding,
-    )
+    return plan_on_dataset(cfg, dims, dataset, resume_point(cfg, dims, source_step))
 
 
 def train_rank(argv: list[str]) -> dict:
@@ -129,7 +112,7 @@ def train_rank(argv: list[str]) -> dict:
         if plan.resume_from is not None:
             # Only then: reading a fresh optimizer's state makes torch initialize it with a step.
             out["loaded"] = full_state(session)
-        run_loop(plan, env, session)
+        run_loop(env, session)
         out["final"] = full_state(session)
     finally:
         destroy()

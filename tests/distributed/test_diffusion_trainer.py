@@ -30,7 +30,7 @@ from lerobot_pipe.datasets import GlobalBatchSampler
 from lerobot_pipe.distributed.batch_norm import batch_norms
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.policies.diffusion import DiffusionPolicy
-from lerobot_pipe.training.plan import make_plan, sample_indices
+from lerobot_pipe.training.preflight import make_plan, sample_indices
 from lerobot_pipe.training.train import prepare_session, run_loop
 
 GN = {"policy.use_group_norm": "true"}
@@ -47,7 +47,7 @@ def train_rank(argv: list[str]) -> dict:
         out = {}
         if plan.resume_from is not None:
             out["loaded"] = full_state(session)
-        run_loop(plan, env, session)
+        run_loop(env, session)
         out["final"] = full_state(session)
         out["bn"] = {
             f"{i}.{name}": buffer.clone()

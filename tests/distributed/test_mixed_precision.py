@@ -9,7 +9,7 @@ import pytest
 from launch import run_distributed
 from tiny import losses, run_train, tiny_act_flags
 
-from lerobot_pipe.training.checkpoint import file_manifest
+from lerobot_pipe.checkpoint.manifest import file_manifest
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,7 @@ from tiny import losses, run_train, tiny_act_flags
 
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.policies.peft import load_pretrained_policy
-from lerobot_pipe.training.checkpoint import gather_full_model_state
-from lerobot_pipe.training.plan import make_plan
+from lerobot_pipe.training.preflight import make_plan
 from lerobot_pipe.training.train import prepare_session, run_loop
 
 TOPOLOGIES = {
@@ -43,8 +42,8 @@ def train_and_gather(argv):
     env = init_distributed()
     try:
         session = prepare_session(plan, env)
-        run_loop(plan, env, session)
-        state = {k: v.clone() for k, v in gather_full_model_state(session.model).items()}
+        run_loop(env, session)
+        state = {k: v.clone() for k, v in session.state.model.full_state_dict().items()}
     finally:
         destroy()
     return state if env.is_main else None

@@ -10,8 +10,8 @@ from launch import run_distributed
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+from lerobot_pipe.checkpoint.gather import gather_full_tensors
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.distributed.shard_gather import gather_full_tensors
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ from tiny import DETERMINISTIC, WITH_SCHEDULER, full_state, losses, tiny_act_fla
 
 from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.training.plan import make_plan
+from lerobot_pipe.training.preflight import make_plan
 from lerobot_pipe.training.train import prepare_session, run_loop
 
 # name -> (world size, per-rank batch, flags). Global batch is 8 everywhere.
@@ -60,7 +60,7 @@ def train_and_inspect(argv: list[str]) -> dict | None:
         params = list(session.model.parameters())
         local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
         initial = full_state(session)
-        run_loop(plan, env, session)
+        run_loop(env, session)
     finally:
         destroy()
     out = {"local_fraction": local / sum(p.numel() for p in params)}

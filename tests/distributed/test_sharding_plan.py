@@ -13,7 +13,7 @@ from lerobot_pipe.distributed import parallelize
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.runtime import DistEnv
 from lerobot_pipe.policies.factory import make_policy
-from lerobot_pipe.training.plan import make_plan
+from lerobot_pipe.training.preflight import make_plan
 
 
 def test_make_plan_plans_the_sharding_and_the_launch_applies_it(

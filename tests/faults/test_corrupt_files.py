@@ -12,8 +12,8 @@ import pytest
 from launch import run_distributed
 from tiny import run_train, tiny_act_flags
 
+from lerobot_pipe.checkpoint.manifest import file_manifest
 from lerobot_pipe.scripts.train import main as train_main
-from lerobot_pipe.training.checkpoint import file_manifest
 
 
 @pytest.fixture(scope="module")

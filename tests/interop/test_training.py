@@ -23,7 +23,7 @@ from tiny import losses, run_train
 from upstream import find_upstream_044
 
 from lerobot_pipe.configs.parser import ConfigError
-from lerobot_pipe.training.plan import make_plan
+from lerobot_pipe.training.preflight import make_plan
 
 pytestmark = pytest.mark.interop
 

@@ -18,7 +18,7 @@ def _our_restore(train_config, output_dir, dataset_root) -> tuple[dict, list[dic
     """lerobot_pipe's resume in this process: (optimizer state by parameter name, param group
     hyper-parameters, the first numbers each RNG draws afterwards)."""
     from lerobot_pipe.distributed.runtime import destroy, init_distributed
-    from lerobot_pipe.training.plan import make_plan
+    from lerobot_pipe.training.preflight import make_plan
     from lerobot_pipe.training.train import prepare_session
 
     plan = make_plan(

@@ -363,7 +363,7 @@ def test_offline_with_an_empty_cache_fails_before_launch(
     assert "--policy.pretrained_backbone_weights=null" in message
     assert not (tmp_path / "out").exists()
     # With random init the same flags pass the pre-launch checks.
-    from lerobot_pipe.training.plan import make_plan
+    from lerobot_pipe.training.preflight import make_plan
 
     plan = make_plan(
         [*argv, "--policy.pretrained_backbone_weights=null"], 1, {"HF_HUB_OFFLINE": "1"}

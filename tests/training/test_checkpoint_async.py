@@ -14,7 +14,7 @@ import pytest
 from launch import run_distributed
 from tiny import WITH_SCHEDULER, run_train, tiny_act_flags
 
-from lerobot_pipe.training.checkpoint import (
+from lerobot_pipe.checkpoint.layout import (
     is_complete,
     list_complete_checkpoints,
     prune_checkpoints,
@@ -25,7 +25,7 @@ MODES = {
     "fsdp2": ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"],
 }
 # Sharded async saves assemble model.safetensors in the background from the staged shards
-# (over the checkpointer's gloo group), not with the loop's full-state gather: every gathered
+# (over the checkpoint writer's gloo group), not with the loop's full-state gather: every gathered
 # format on FSDP2 (2 ranks) and HSDP (2 x 2 on 4 ranks). name -> (world size, flags).
 SHARDED = {
     "fsdp2-safetensors": (2, ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors"]),
@@ -150,7 +150,7 @@ class _SaveObserver(logging.Handler):
 
 def _slow_saves(argv, out):
     handler = _SaveObserver(out / "checkpoints")
-    logger = logging.getLogger("lerobot_pipe.training.checkpointer")
+    logger = logging.getLogger("lerobot_pipe.checkpoint.writer")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     start = time.perf_counter()

@@ -8,7 +8,7 @@ import os
 from launch import run_distributed
 from tiny import run_train, tiny_act_flags
 
-from lerobot_pipe.training.checkpoint import list_complete_checkpoints, step_folder_name
+from lerobot_pipe.checkpoint.layout import list_complete_checkpoints, step_folder_name
 
 PRETRAINED = {
     "config.json",

@@ -11,8 +11,8 @@ import pytest
 from launch import run_distributed
 from tiny import train_fsdp2_dcp
 
-from lerobot_pipe.training.checkpoint import CheckpointError, read_training_step
-from lerobot_pipe.training.manifest import shares
+from lerobot_pipe.checkpoint.layout import CheckpointError, read_training_step
+from lerobot_pipe.checkpoint.manifest import shares
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,8 @@ def _bytes_read() -> int:
 
 
 def _verify_on_every_rank(good: str, damaged: str) -> dict:
+    from lerobot_pipe.checkpoint.manifest import verify_split as verify_checkpoint_split
     from lerobot_pipe.distributed.runtime import destroy, init_distributed
-    from lerobot_pipe.training.checkpoint import verify_checkpoint_split
 
     init_distributed()
     try:

@@ -7,6 +7,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
+from lerobot_pipe.checkpoint.layout import list_complete_checkpoints
 from lerobot_pipe.constants import (
     CHECKPOINTS_DIR,
     LAST_CHECKPOINT_LINK,
@@ -105,10 +106,7 @@ def complete_steps():
 
     Called behind checkpoints.train.get(), so it lists what the finished training left.
     An unfinished save has no training_step.json yet, or still its temporary name.
-    Imported here, not at the top: it brings torch, which a dry run does not need.
     """
-    from lerobot_pipe.training.checkpoint import list_complete_checkpoints
-
     return [path.name for path in list_complete_checkpoints(TRAIN_DIR)]
 
 

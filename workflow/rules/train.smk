@@ -51,7 +51,7 @@ checkpoint train:
         nnodes=config["launch"]["nnodes"],
         rdzv_port=config["launch"]["rdzv_port"],
     shell:
-        # lerobot-pipe launch-train (lerobot_pipe/training/launcher.py) replaces this shell, so
+        # lerobot-pipe launch-train (lerobot_pipe/pipeline/train_job.py) replaces this shell, so
         # that it is snakemake's own child: it stops while another trainer holds the run,
         # launches nothing when the checkpoints already reach `steps`, starts torchrun (srun +
         # torchrun in a SLURM allocation of several processes), shows progress here, keeps the

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from launch import hold_run_lock_in_another_process, launcher_env
 
-from lerobot_pipe.training.launcher import is_running
+from lerobot_pipe.pipeline.train_job import is_running
 
 # The supervised command: a child that ignores SIGTERM (like a stuck trainer) and a grandchild
 # in a session of its own (where torchrun puts its workers) that ignores it too.
@@ -33,10 +33,12 @@ time.sleep(600)
 SUPERVISOR = f"""
 import sys
 from pathlib import Path
-from lerobot_pipe.training.launcher import LogFollower, Supervisor, Terminal
+from lerobot_pipe.pipeline.train_job import Supervisor, Terminal
+from lerobot_pipe.training.progress import EventFollower
 log_path = Path(sys.argv[1])
 with open(log_path, "w") as log_file:
-    supervisor = Supervisor(log_file, LogFollower(log_path, 0), Terminal(sys.stderr), grace_s=1.0)
+    events = EventFollower(log_path.with_name("progress.jsonl"))
+    supervisor = Supervisor(log_file, events, Terminal(sys.stderr), grace_s=1.0)
     sys.exit(supervisor.run([sys.executable, "-c", {CHILD!r}], {{}}))
 """
 # What Snakemake is to the launcher: the parent that starts it and may die.

@@ -8,10 +8,13 @@ SLURM profile, of the job's own snakemake inside the allocation), and:
    ``--steps`` (``train.steps``), e.g. after a config change that trains nothing new;
 3. starts ``torchrun --standalone`` (inside a SLURM allocation of more than one process:
    ``srun`` + one torchrun per node, c10d rendezvous on the first node) in a process group of
-   its own, resuming from the newest complete checkpoint, its output appended to the job's log;
-4. shows the trainer's progress lines (step, loss, samples/s, ETA, saved checkpoints), warnings
-   and errors on its own stderr (the terminal snakemake runs in) while the whole output goes to
-   the log;
+   its own, resuming from the newest complete checkpoint (the one resume resolver,
+   :mod:`lerobot_pipe.checkpoint.resume`: sizes here, the trainer hashes the files split across
+   its ranks), its output appended to the job's log (a resumed run's too: nothing is lost);
+4. shows the trainer's progress (step, loss, samples/s, ETA, saved checkpoints), warnings and
+   errors on its own stderr (the terminal snakemake runs in), from the trainer's structured
+   event channel (``<output_dir>/progress.jsonl``, :mod:`lerobot_pipe.training.progress`),
+   while the whole output goes to the log;
 5. stops training when snakemake is gone, however it went (SIGKILL included), and when it is
    told to stop (SIGINT from Ctrl-C, SIGTERM, SIGHUP): SIGTERM to torchrun's group, and torchrun
    stops its workers; whatever still runs GRACE_S later (or at a second signal) is SIGKILLed;
@@ -29,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -37,19 +39,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from lerobot_pipe.configs.parser import ConfigError
-from lerobot_pipe.pipeline_config import with_config_keys
-from lerobot_pipe.training.checkpoint import (
+from lerobot_pipe.checkpoint import resume
+from lerobot_pipe.checkpoint.layout import (
     CheckpointError,
     checkpoints_dir,
     list_complete_checkpoints,
-    newest_usable_checkpoint,
-    training_step_path,
+    read_training_step,
 )
-from lerobot_pipe.training.progress import PROGRESS_LOGGER
+from lerobot_pipe.configs.parser import ConfigError
+from lerobot_pipe.fsutil import write_json_atomic
+from lerobot_pipe.pipeline.config import with_config_keys
+from lerobot_pipe.training.progress import EventFollower, events_path, render_event
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
 
 log = logging.getLogger(__name__)
@@ -57,14 +61,11 @@ log = logging.getLogger(__name__)
 POLL_S = 0.2
 GRACE_S = 15.0
 _TAIL_LINES = 15
-
-_PROGRESS_LINE = re.compile(rf"^INFO \S+ {re.escape(PROGRESS_LOGGER)}: (?P<text>.*)$")
-_PROBLEM_LINE = re.compile(r"^(\[rank\d+\] )?(?P<level>WARNING|ERROR|CRITICAL) \S+ lerobot_pipe")
-_STEP = re.compile(r"^step (\d+)/(\d+)")
+_BAR = 20  # characters of the progress bar, when the terminal has room for it
 
 
 class Terminal:
-    """The launcher's messages on its stderr: progress redrawn in place on a TTY (one line per
+    """The train job's messages on its stderr: progress redrawn in place on a TTY (one line per
     update elsewhere); a terminal that went away is dropped silently."""
 
     def __init__(self, stream: TextIO) -> None:
@@ -85,18 +86,27 @@ class Terminal:
         self._write(("\r\x1b[K" if self._drawn else "") + f"train: {text}\n")
         self._drawn = False
 
-    def progress(self, text: str) -> None:
-        """A progress line; on a TTY redrawn in place (one that saved a checkpoint stays)."""
-        if not self.tty or "; saved " in text:
+    def show(self, event: dict[str, Any]) -> None:
+        """One event of the trainer's channel: a progress update (on a TTY redrawn in place; one
+        that saved a checkpoint stays), or a warning or error line."""
+        text = render_event(event)
+        if event.get("event") != "progress":
+            if event.get("level") != "WARNING":
+                text = with_config_keys(text)
             self.line(text)
             return
-        match = _STEP.match(text)
-        bar = ""
-        if match:
-            done = int(match.group(1)) * 20 // max(int(match.group(2)), 1)
-            bar = f"|{'#' * done}{' ' * (20 - done)}| "
-        # Cut to the terminal's width: a wrapped line cannot be redrawn in place.
+        if not self.tty or event.get("saved"):
+            self.line(text)
+            return
+        # A wrapped line cannot be redrawn in place: the bar gives way first, so the ETA at
+        # the end of the text stays visible on a narrow terminal (80 columns).
         width = shutil.get_terminal_size().columns - 1
+        room = width - len("train: ") - len(text) - len("|| ")
+        bar = ""
+        if room >= 5:
+            size = min(_BAR, room)
+            done = event["step"] * size // max(event["total"], 1)
+            bar = f"|{'#' * done}{' ' * (size - done)}| "
         self._write(f"\r\x1b[K{f'train: {bar}{text}'[:width]}")
         self._drawn = True
 
@@ -104,23 +114,6 @@ class Terminal:
         if self._drawn:
             self._write("\n")
             self._drawn = False
-
-
-class LogFollower:
-    """New complete lines of a log file that another process appends to."""
-
-    def __init__(self, path: Path, offset: int) -> None:
-        self._file = open(path, "rb")  # noqa: SIM115 - read while the trainer writes; closed in close()
-        self._file.seek(offset)
-        self._partial = b""
-
-    def lines(self) -> list[str]:
-        data = self._partial + self._file.read()
-        *complete, self._partial = data.split(b"\n")
-        return [line.decode(errors="replace").rstrip("\r") for line in complete]
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def _parents() -> dict[int, int]:
@@ -173,10 +166,11 @@ def _signal_group(pid: int, sig: int) -> None:
 
 class Supervisor:
     """One launcher command (torchrun, or srun + torchrun) in its own process group, its output
-    appended to the log, tied to this process's parent and to the signals this process gets."""
+    appended to the log, its events shown on the terminal, tied to this process's parent and to
+    the signals this process gets."""
 
     def __init__(
-        self, log_file, follower: LogFollower, terminal: Terminal, grace_s: float = GRACE_S
+        self, log_file, follower: EventFollower, terminal: Terminal, grace_s: float = GRACE_S
     ) -> None:
         self.log_file = log_file
         self.grace_s = grace_s
@@ -190,13 +184,9 @@ class Supervisor:
         self.terminal.line(text)
 
     def pump(self) -> None:
-        """Show what the trainer wrote since the last call."""
-        for line in self.follower.lines():
-            if match := _PROGRESS_LINE.match(line):
-                self.terminal.progress(match.group("text"))
-            elif match := _PROBLEM_LINE.match(line):
-                text = with_config_keys(line) if match.group("level") != "WARNING" else line
-                self.terminal.line(text)
+        """Show the trainer's events since the last call."""
+        for event in self.follower.events():
+            self.terminal.show(event)
 
     def _on_signal(self, signum: int, frame) -> None:
         self._stop.append(signum)
@@ -316,14 +306,15 @@ def launch_command(
 
 
 def write_final_checkpoint(step_dir: Path, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.copyfile(training_step_path(step_dir), tmp)
-    os.replace(tmp, path)
+    """The job's declared output: the final checkpoint's training_step.json (atomically)."""
+    write_json_atomic(path, read_training_step(step_dir))
 
 
-def _tail(path: Path) -> list[str]:
-    lines = path.read_text(errors="replace").splitlines()
-    return [line for line in lines if not _PROGRESS_LINE.match(line)][-_TAIL_LINES:]
+def _tail(path: Path, offset: int) -> list[str]:
+    """The last lines this attempt appended to the log (from byte ``offset``)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace").splitlines()[-_TAIL_LINES:]
 
 
 def launch_train(
@@ -339,7 +330,7 @@ def launch_train(
     terminal: Terminal | None = None,
 ) -> int:
     """Train as the pipeline's train job does (see the module docstring); the exit status."""
-    from lerobot_pipe.training.plan import parse_train_config
+    from lerobot_pipe.training.preflight import parse_train_config
 
     terminal = terminal or Terminal(sys.stderr)
     cfg, _ = parse_train_config(train_args)
@@ -354,27 +345,33 @@ def launch_train(
         with open(log_path, "a") as f:
             f.write(f"lerobot-pipe launch-train: error: {e}\n")
         raise
-    found = newest_usable_checkpoint(output_dir)
-    with open(log_path, "w") as log_file:
-        follower = LogFollower(log_path, 0)
+    point = resume.locate(output_dir)
+    # Appended: a resumed run's log follows the earlier attempts' (each starts with a header).
+    with open(log_path, "a") as log_file:
+        log_file.write(
+            f"\n===== lerobot-pipe launch-train, {datetime.now().isoformat(timespec='seconds')}, "
+            f"host {socket.gethostname()} =====\n"
+        )
+        log_file.flush()
+        attempt_start = log_file.tell()
+        follower = EventFollower(events_path(output_dir))
         supervisor = Supervisor(log_file, follower, terminal)
         try:
-            if found is not None:
-                step = found[1]["step"]
-                supervisor.say(f"resuming from {found[0]} (step {step})")
-                if step >= cfg.steps:
+            if point is not None:
+                supervisor.say(f"resuming from {point.step_dir} (step {point.step})")
+                if point.step >= cfg.steps:
                     supervisor.say(
-                        f"checkpoint step {step} already reaches --steps={cfg.steps} "
+                        f"checkpoint step {point.step} already reaches --steps={cfg.steps} "
                         "(train.steps): nothing to train, torchrun not started"
                     )
                     if final_checkpoint is not None:
-                        write_final_checkpoint(found[0], final_checkpoint)
+                        write_final_checkpoint(point.step_dir, final_checkpoint)
                     return 0
             else:
                 supervisor.say(f"no complete checkpoint in {output_dir}: training starts fresh")
-            resume = ["--resume=true"] if found is not None else []
+            resume_flag = ["--resume=true"] if point is not None else []
             command, how = launch_command(
-                [*resume, *train_args],
+                [*resume_flag, *train_args],
                 nproc_per_node=nproc_per_node,
                 nnodes=nnodes,
                 rdzv_port=rdzv_port,
@@ -384,7 +381,7 @@ def launch_train(
             supervisor.say(f"{how}; the whole log: {log_path}")
             returncode = supervisor.run(command, env)
             if 0 < returncode < 128 or returncode < 0:
-                tail = _tail(log_path)
+                tail = _tail(log_path, attempt_start)
                 supervisor.say(f"training failed (exit status {returncode}); the log ends:")
                 for line in tail:
                     terminal.line(f"  {line}")
@@ -403,4 +400,3 @@ def launch_train(
             return 0
         finally:
             terminal.close()
-            follower.close()

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.hub.repo_id import looks_like_repo_id
 
 POLICY_FILE_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.yaml"]
 _STEP_FOLDER = re.compile(r"^checkpoints/(\d+)/")
@@ -50,10 +51,6 @@ def checkpoint_step_dir(pretrained: Path) -> Path | None:
     return pretrained.parent if pretrained.name == C.PRETRAINED_MODEL_DIR else None
 
 
-def _is_repo_id(path: str) -> bool:
-    return not path.startswith((".", "/", "~")) and path.count("/") == 1
-
-
 def local_policy_folder(
     path: str, revision: str | None = None, required_file: str = C.CONFIG_NAME
 ) -> Path:
@@ -64,7 +61,7 @@ def local_policy_folder(
         if not (local / required_file).is_file():
             raise FileNotFoundError(f"no {required_file} in {local}")
         return local
-    if not _is_repo_id(path):
+    if not looks_like_repo_id(path):
         raise FileNotFoundError(f"{path}: no such folder, and not a Hub repo id (namespace/name)")
     from huggingface_hub import snapshot_download
 

@@ -1,5 +1,6 @@
-"""Saving a :class:`~lerobot_pipe.training.state.TrainState` under ``checkpoints/``, in the
-training loop or in the background, with the same bytes either way.
+"""One save of a :class:`~lerobot_pipe.checkpoint.stateful.TrainState` under ``checkpoints/``, in
+the training loop or in the background, with the same bytes either way (what
+:class:`~lerobot_pipe.checkpoint.manager.CheckpointManager` calls).
 
 A save has two halves:
 
@@ -14,16 +15,16 @@ A save has two halves:
 * **persist** (a background thread with async saves, else inline): each rank writes its DCP
   shards, the RNG states are gathered, a sharded async save assembles the full model on the
   main rank from the staged shards
-  (:func:`~lerobot_pipe.distributed.shard_gather.gather_full_tensors`), the main rank writes
-  its files; each rank fsyncs and hashes what it wrote (:mod:`~lerobot_pipe.training.manifest`);
+  (:func:`~lerobot_pipe.checkpoint.gather.gather_full_tensors`), the main rank writes
+  its files; each rank fsyncs and hashes what it wrote (:class:`HashingFileSystemWriter`);
   the hashes are gathered to the main rank, which writes training_step.json, renames the folder
   into place, moves ``last`` and applies retention; then every rank learns the outcome. The
   collectives of this half run on a gloo process group of their own: CPU collectives on CPU
   copies (next to nccl on GPU), never interleaved with the loop's. The bytes written are the
   same either way.
 
-At most one save is in flight: the next save, the end of training (:meth:`Checkpointer.close`)
-and a clean shutdown after an error (:meth:`Checkpointer.shutdown`) wait for it. A killed
+At most one save is in flight: the next save, the end of training (:meth:`CheckpointWriter.close`)
+and a clean shutdown after an error (:meth:`CheckpointWriter.shutdown`) wait for it. A killed
 trainer's save in flight leaves only its ``.tmp-<step>/``, which the next start removes.
 
 Why not ``dcp.async_save``: one checkpoint of this layout is up to two DCP folders plus the main
@@ -40,8 +41,9 @@ import copy
 import logging
 import shutil
 import time
+import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,32 +54,36 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter, Metadata
+from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.tensor import DTensor
+from torch.futures import Future as TorchFuture
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.distributed.runtime import barrier, gather_objects
-from lerobot_pipe.distributed.shard_gather import gather_full_tensors
-from lerobot_pipe.fsutil import fsync_path, write_json_atomic
-from lerobot_pipe.training.checkpoint import (
+from lerobot_pipe.checkpoint.gather import gather_full_tensors
+from lerobot_pipe.checkpoint.layout import (
     CheckpointError,
     checkpoints_dir,
-    flatten_rng_states,
-    flatten_tensors,
     fsync_folders,
-    gather_full_model_state,
-    gather_full_optimizer_state,
-    index_optimizer_state,
     prune_checkpoints,
     publish_step_folder,
-    scaler_state,
     step_folder_name,
     update_last_link,
 )
+from lerobot_pipe.checkpoint.lerobot_state import (
+    flatten_rng_states,
+    flatten_tensors,
+    index_optimizer_state,
+    scaler_state,
+)
+from lerobot_pipe.checkpoint.manifest import file_entry, ordered
+from lerobot_pipe.checkpoint.stateful import PretrainedWriter, TrainState
+from lerobot_pipe.distributed.runtime import barrier, broadcast_from_main, gather_objects
+from lerobot_pipe.fsutil import fsync_path, write_json_atomic
 from lerobot_pipe.training.faults import fault_point, saving_step
-from lerobot_pipe.training.manifest import HashingFileSystemWriter, file_entry, ordered
-from lerobot_pipe.training.state import PretrainedWriter, TrainState
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +110,10 @@ class _Snapshot:
     scaler: dict | None = None
 
 
-class Checkpointer:
-    """Writes complete checkpoints of one run (the contract of
-    :mod:`~lerobot_pipe.training.checkpoint`). Every rank builds one (collective: it creates
-    the save's process group) and calls :meth:`save` at the same steps.
+class CheckpointWriter:
+    """Writes complete checkpoints of one run (the contract of :mod:`lerobot_pipe.checkpoint`).
+    Every rank builds one (collective: it creates the save's process group) and calls
+    :meth:`save` at the same steps.
 
     ``run_info`` is training_step.json without the manifest; its ``step`` and
     ``samples_consumed`` are replaced by the state's progress at each save.
@@ -225,18 +231,17 @@ class Checkpointer:
         fault_point("save:begin")
         record = {**self.run_info, "step": step, **state.progress.state_dict()}
         snap = _Snapshot(step=step, tmp=tmp, final=self.root / name, record=record)
-        model, optimizer = state.model, state.optimizer
         if self.write_safetensors and not self.gather_in_background:
-            full = gather_full_model_state(model)  # collective; empty on ranks other than 0
+            full = state.model.full_state_dict()  # collective; empty on ranks other than 0
             snap.full_model = full if self.is_main else None
         if self.write_dcp or self.gather_in_background:
-            snap.model_local = get_model_state_dict(model)
+            snap.model_local = state.model.state_dict()
         if self.sharded:
-            osd = get_optimizer_state_dict(model, optimizer)
+            osd = state.optimizer.state_dict()
             snap.optimizer_dcp = {"optimizer": osd["state"]}
             param_groups = osd["param_groups"]
         else:
-            osd = gather_full_optimizer_state(model, optimizer)  # empty on ranks other than 0
+            osd = state.optimizer.full_state_dict()  # empty on ranks other than 0
             param_groups = None
             if self.is_main:
                 numbered, param_groups = index_optimizer_state(osd)
@@ -250,7 +255,7 @@ class Checkpointer:
             if state.saves_scaler:
                 snap.scaler = scaler_state(state.scaler)
         if self._stager is not None:
-            self._stage(snap, model, optimizer)
+            self._stage(snap, state.model.module, state.optimizer.optimizer)
         fault_point("save:staged")
         return snap
 
@@ -311,7 +316,7 @@ class Checkpointer:
                     except Exception as e:  # noqa: BLE001 - reported to every rank
                         log.exception("checkpoint %s: publishing failed", snap.final.name)
                         outcome = f"rank 0: {type(e).__name__}: {e}"
-            outcome = _broadcast(outcome, self.group)
+            outcome = broadcast_from_main(outcome, self.group)
         if outcome is not None:
             raise CheckpointSaveError(
                 f"saving checkpoint {snap.final.name} failed ({outcome}); the earlier "
@@ -393,7 +398,6 @@ class Checkpointer:
         fault_point("save:before_training_step")
         state_dir = snap.tmp / C.TRAINING_STATE_DIR
         write_json_atomic(state_dir / C.TRAINING_STEP, {**snap.record, "files": ordered(files)})
-        fsync_path(state_dir)
         fault_point("save:before_rename")
         publish_step_folder(snap.tmp, snap.final)
         fault_point("save:before_last_link")
@@ -467,9 +471,36 @@ def _tensor_bytes(t: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
-def _broadcast(value: Any, group: dist.ProcessGroup | None) -> Any:
-    if group is None:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0, group=group)
-    return box[0]
+class HashingFileSystemWriter(FileSystemWriter):
+    """DCP's file-system writer (same files, same bytes, fsynced) that also records the size and
+    SHA-256 of each file this rank writes, read back right after DCP wrote it.
+
+    ``files`` maps each file's path relative to ``root`` (the checkpoint's step folder) to its
+    entry; the coordinator's entry for the DCP metadata file is added in :meth:`finish`. The
+    metadata's save id is derived from the folder path instead of a random UUID, so the same
+    state saved twice (synchronously or in the background) gives the same bytes.
+    """
+
+    def __init__(self, path: Path, root: Path) -> None:
+        super().__init__(path)
+        self._folder = Path(path)
+        self._root = Path(root)
+        self.files: dict[str, dict] = {}
+
+    def storage_meta(self) -> StorageMeta:
+        save_id = str(uuid.uuid5(uuid.NAMESPACE_URL, self._folder.as_posix()))
+        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=save_id)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
+        written = super().write_data(plan, planner)
+        self._record(r.storage_data.relative_path for r in written.wait())
+        return written
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        super().finish(metadata, results)
+        self._record([C.DCP_METADATA_FILE])
+
+    def _record(self, names: Iterable[str]) -> None:
+        for name in sorted(set(names)):
+            path = self._folder / name
+            self.files[path.relative_to(self._root).as_posix()] = file_entry(path)

@@ -1,19 +1,25 @@
-"""Everything lerobot-train decides before a process group exists.
+"""Everything lerobot-train checks and decides before a process group exists (pre-flight).
 
 :func:`make_plan` parses the flags, refuses configuration in the environment, validates every
-value, resolves the topology for the launched world size, locates and checks the checkpoint to
-resume from and opens the dataset. A bad input fails here, on each rank alone, with a message and
-without writing anything. ``lerobot-pipe validate`` runs exactly this for the pipeline. One
-check waits for the process group, so that the ranks can share it: :func:`verify_resume`, the
-SHA-256 of the checkpoint's files (here only their sizes are checked).
+value and resolves the config once (:func:`resolve_config`: job name, optimizer presets,
+precision, output folder, features), resolves the topology for the launched world size, locates
+the checkpoint to resume from (:func:`lerobot_pipe.checkpoint.resume.locate`, sizes only) and
+opens the dataset. The result is a frozen :class:`TrainingPlan` that nothing edits afterwards. A
+bad input fails here, on each rank alone, with a message and without writing anything.
+``lerobot-pipe validate`` runs exactly this for the pipeline. One check waits for the process
+group, so that the ranks can share it: the SHA-256 of the checkpoint's files
+(:meth:`lerobot_pipe.checkpoint.manager.CheckpointManager.verify`), which may fall back to an
+older checkpoint: :meth:`TrainingPlan.resuming` then gives the new plan.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import os
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.checkpoint import resume
+from lerobot_pipe.checkpoint.layout import CheckpointError, list_complete_checkpoints
+from lerobot_pipe.checkpoint.resume import ResumePoint
 from lerobot_pipe.configs.optim import CosineDecayWithWarmupSchedulerConfig
 from lerobot_pipe.configs.parser import (
     ConfigError,
@@ -44,53 +53,66 @@ from lerobot_pipe.datasets import (
 from lerobot_pipe.distributed.env_guard import AccelerateEnvError, check_accelerate_env
 from lerobot_pipe.distributed.parallel_dims import ParallelDims, resolve_parallelism
 from lerobot_pipe.distributed.runtime import launched_rank
+from lerobot_pipe.hub.publish import PublishError
+from lerobot_pipe.hub.repo_id import looks_like_repo_id, repo_id_problem
 from lerobot_pipe.policies import factory  # noqa: F401 - registers the policy types
-from lerobot_pipe.policies.hub import checkpoint_step_dir, local_policy_folder, pretrained_dir
+from lerobot_pipe.policies.locate import checkpoint_step_dir, local_policy_folder, pretrained_dir
 from lerobot_pipe.policies.pretrained import ACTION, OBS_PREFIX, PreTrainedConfig
 from lerobot_pipe.policies.vision.imagenet_weights import (
     BackboneWeightsError,
     ensure_backbone_weights,
     offline_requested,
 )
-from lerobot_pipe.training.checkpoint import (
-    CheckpointError,
-    checkpoints_dir,
-    list_complete_checkpoints,
-    newest_usable_checkpoint,
-    read_training_step,
-    validate_checkpoint_layout,
-    verify_checkpoint_split,
-)
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
 
 if TYPE_CHECKING:
-    from torch.distributed import ProcessGroup
-
     from lerobot_pipe.distributed.parallelize import ShardingPlan
 
 log = logging.getLogger(__name__)
 
 # Errors a user can fix; lerobot-train prints them without a traceback.
-USER_ERRORS = (ConfigError, DatasetError, CheckpointError, AccelerateEnvError, RunLockError)
+USER_ERRORS = (
+    ConfigError,
+    DatasetError,
+    CheckpointError,
+    AccelerateEnvError,
+    RunLockError,
+    PublishError,
+)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingPlan:
-    cfg: TrainConfig
+    """What a run will do, decided once: its resolved config, topology, dataset and the
+    checkpoint it resumes from. Never edited: a fallback to another checkpoint is a new plan."""
+
+    cfg: TrainConfig  # resolved (resolve_config): nothing changes it afterwards
     dims: ParallelDims
     dataset: LeRobotDataset
-    output_dir: Path
-    resume_from: Path | None = None
-    resume_info: dict | None = None
-    acknowledged_env: list[str] = field(default_factory=list)
-    # --config_path named the checkpoint: it must verify (an automatic resume falls back).
-    resume_explicit: bool = False
+    resume: ResumePoint | None = None
+    acknowledged_env: tuple[str, ...] = ()
     # How FSDP2 wraps the policy, checked on the meta device (None unless the run is sharded).
     sharding: ShardingPlan | None = None
 
     @property
+    def output_dir(self) -> Path:
+        return Path(self.cfg.output_dir)
+
+    @property
+    def resume_from(self) -> Path | None:
+        return self.resume.step_dir if self.resume else None
+
+    @property
+    def resume_info(self) -> dict | None:
+        return self.resume.info if self.resume else None
+
+    @property
     def start_step(self) -> int:
-        return self.resume_info["step"] if self.resume_info else 0
+        return self.resume.step if self.resume else 0
+
+    def resuming(self, point: ResumePoint | None) -> TrainingPlan:
+        """This plan resuming from ``point`` instead (the verified checkpoint)."""
+        return self if point == self.resume else dataclasses.replace(self, resume=point)
 
     @property
     def resolved(self) -> dict:
@@ -173,9 +195,9 @@ def _config_file(config_path: str, output_dir: str | None) -> Path:
     path = Path(config_path)
     if path.is_dir():
         return pretrained_dir(path) / C.TRAIN_CONFIG_NAME
-    if path.exists() or config_path.startswith((".", "/")) or config_path.count("/") != 1:
+    if not looks_like_repo_id(config_path):
         return path
-    from lerobot_pipe.policies.hub import download_latest_checkpoint
+    from lerobot_pipe.policies.locate import download_latest_checkpoint
 
     if output_dir is None:
         raise ConfigError(
@@ -199,8 +221,10 @@ def _choice(name: str, value: object, choices: tuple) -> None:
         raise ConfigError(f"--{name}={value!r}: choose one of {', '.join(map(str, choices))}")
 
 
-def validate_config(cfg: TrainConfig) -> None:
-    """Value checks that need nothing but the config."""
+def validate_config(cfg: TrainConfig) -> TrainConfig:
+    """Value checks that need nothing but the config; returns it resolved (a new value, the
+    argument is left as it was): the job name, the optimizer and scheduler presets, and with
+    PEFT ``policy.use_peft`` (config.json then tells LeRobot to load the adapter)."""
     if cfg.policy is None:
         raise ConfigError(
             "no policy: pass --policy.type=act (or --policy.path=<pretrained folder or repo id>)"
@@ -227,7 +251,7 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"--seed={cfg.seed}: must be >= 0")
     _choice("checkpoint_format", cfg.checkpoint_format, CHECKPOINT_FORMATS)
     _choice("accelerator.mixed_precision", cfg.accelerator.mixed_precision, MIXED_PRECISION_CHOICES)
-    _validate_optimization(cfg)
+    optimizer, scheduler = _validate_optimization(cfg)
     _refuse_unbuilt(cfg)
     ga = cfg.accelerator.gradient_accumulation.steps
     _positive("accelerator.gradient_accumulation.steps", ga)
@@ -260,14 +284,12 @@ def validate_config(cfg: TrainConfig) -> None:
             "--rename_map renames a dataset's keys onto those a pretrained policy expects: it "
             "needs --policy.path (a fresh policy takes its feature names from the dataset)"
         )
-    if cfg.policy.push_to_hub and not cfg.policy.repo_id:
-        raise ConfigError("--policy.push_to_hub=true needs --policy.repo_id=<namespace/name>")
+    if cfg.policy.push_to_hub:
+        _check_publishable(cfg)
     if cfg.job_name is not None and ("/" in cfg.job_name or cfg.job_name.startswith(".")):
         raise ConfigError(
             f"--job_name={cfg.job_name!r}: must be a plain name (no '/', not starting with '.')"
         )
-    if not cfg.job_name:  # LeRobot's rule (train_config.json then records the name)
-        cfg.job_name = cfg.policy.type
     if cfg.trackio.enable:
         try:
             import trackio  # noqa: F401
@@ -275,11 +297,53 @@ def validate_config(cfg: TrainConfig) -> None:
             raise ConfigError(
                 "--trackio.enable=true needs the trackio package: pip install 'lerobot_pipe[trackio]'"
             ) from None
+    policy = cfg.policy
+    if cfg.peft is not None and not policy.use_peft:
+        policy = dataclasses.replace(policy, use_peft=True)
+    return dataclasses.replace(
+        cfg,
+        # LeRobot's rule (train_config.json then records the name).
+        job_name=cfg.job_name or cfg.policy.type,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        policy=policy,
+    )
 
 
-def _validate_optimization(cfg: TrainConfig) -> None:
+def _check_publishable(cfg: TrainConfig) -> None:
+    """--policy.push_to_hub publishes the final checkpoint after training: everything it needs
+    is checked now, not after the last step. The token is only looked up (no request)."""
+    repo_id = cfg.policy.repo_id
+    if not repo_id:
+        raise ConfigError("--policy.push_to_hub=true needs --policy.repo_id=<namespace/name>")
+    problem = repo_id_problem(repo_id)
+    if problem:
+        raise ConfigError(f"--policy.repo_id: {problem}")
+    if cfg.checkpoint_format == "dcp":
+        raise ConfigError(
+            "--policy.push_to_hub=true publishes model.safetensors, which "
+            "--checkpoint_format=dcp does not write: pass --checkpoint_format=safetensors_dcp "
+            "(or safetensors), or publish later after lerobot-convert-dcp"
+        )
+    if not cfg.save_checkpoint:
+        raise ConfigError(
+            "--policy.push_to_hub=true publishes the final checkpoint: it needs "
+            "--save_checkpoint=true"
+        )
+    from huggingface_hub import get_token
+
+    if get_token() is None:
+        raise ConfigError(
+            f"--policy.push_to_hub=true: no Hugging Face token to push {repo_id} with; set "
+            "HF_TOKEN or run `hf auth login` (write access to the repository)"
+        )
+
+
+def _validate_optimization(cfg: TrainConfig) -> tuple:
     """LeRobot's rule: with ``use_policy_training_preset`` (the default) a new run trains with the
-    policy's optimizer and scheduler presets; without it both must be given."""
+    policy's optimizer and scheduler presets; without it both must be given. Returns the
+    optimizer and scheduler configs the run trains with."""
+    optimizer, scheduler = cfg.optimizer, cfg.scheduler
     if cfg.use_policy_training_preset and (not cfg.resume or cfg.optimizer is None):
         if not cfg.resume and (cfg.optimizer is not None or cfg.scheduler is not None):
             log.warning(
@@ -287,8 +351,8 @@ def _validate_optimization(cfg: TrainConfig) -> None:
                 "--use_policy_training_preset=true (LeRobot's rule); set the policy's own fields "
                 "(e.g. --policy.optimizer_lr) or pass --use_policy_training_preset=false"
             )
-        cfg.optimizer = cfg.policy.get_optimizer_preset()
-        cfg.scheduler = cfg.policy.get_scheduler_preset()
+        optimizer = cfg.policy.get_optimizer_preset()
+        scheduler = cfg.policy.get_scheduler_preset()
     elif cfg.optimizer is None:
         raise ConfigError(
             "--use_policy_training_preset=false needs --optimizer.type (adam, adamw, sgd) and "
@@ -299,15 +363,15 @@ def _validate_optimization(cfg: TrainConfig) -> None:
             "--use_policy_training_preset=false needs --scheduler.type too (LeRobot's rule); "
             "--scheduler.type=constant_with_warmup --scheduler.num_warmup_steps=0 keeps the lr"
         )
-    opt = cfg.optimizer
+    opt = optimizer
     _positive("optimizer.lr", opt.lr)
     if opt.weight_decay < 0:
         raise ConfigError(f"--optimizer.weight_decay={opt.weight_decay}: must be >= 0")
     if opt.grad_clip_norm < 0:
         raise ConfigError(f"--optimizer.grad_clip_norm={opt.grad_clip_norm}: must be >= 0")
-    sched = cfg.scheduler
+    sched = scheduler
     if sched is None:
-        return
+        return optimizer, scheduler
     if sched.num_warmup_steps is not None and sched.num_warmup_steps < 0:
         raise ConfigError(f"--scheduler.num_warmup_steps={sched.num_warmup_steps}: must be >= 0")
     if isinstance(sched, CosineDecayWithWarmupSchedulerConfig):
@@ -322,6 +386,7 @@ def _validate_optimization(cfg: TrainConfig) -> None:
         from lerobot_pipe.training.optim import check_diffuser_schedule
 
         check_diffuser_schedule(sched)
+    return optimizer, scheduler
 
 
 def _refuse_unbuilt(cfg: TrainConfig) -> None:
@@ -379,29 +444,6 @@ def default_output_dir(cfg: TrainConfig) -> Path:
     return Path("outputs/train") / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S')}_{name}"
 
 
-def _locate_resume(source_step: Path | None, output_dir: Path) -> tuple[Path, dict]:
-    """--config_path's checkpoint (it must validate), else the newest complete checkpoint of
-    --output_dir that validates (damaged newer ones are skipped with a warning). File sizes
-    are checked here, their SHA-256 by :func:`verify_resume` once the ranks can share the work."""
-    if source_step is not None:
-        return source_step, validate_checkpoint_layout(source_step, hashes=False)
-    found = newest_usable_checkpoint(output_dir, hashes=False)
-    if found is None:
-        raise CheckpointError(
-            f"--resume=true but {checkpoints_dir(output_dir)} holds no complete, undamaged "
-            "checkpoint; pass --config_path=<step>/pretrained_model/train_config.json or drop --resume"
-        )
-    last = checkpoints_dir(output_dir) / C.LAST_CHECKPOINT_LINK
-    if last.is_symlink() and last.resolve() != found[0].resolve():
-        log.warning(
-            "%s points to %s, which is not the newest usable checkpoint; resuming from %s",
-            last,
-            os.readlink(last),
-            found[0],
-        )
-    return found
-
-
 def _resolve_topology(cfg: TrainConfig, world_size: int) -> ParallelDims:
     """The degrees for this world size; on a resume (whose degrees may come from the saved
     train_config.json) the error says which flags fit the processes launched now."""
@@ -422,106 +464,43 @@ def _resolve_topology(cfg: TrainConfig, world_size: int) -> ParallelDims:
         raise ConfigError(f"{e}; to resume on {world_size} process(es) pass {fix}") from None
 
 
-def verify_resume(plan: TrainingPlan, group: ProcessGroup | None = None) -> None:
-    """Collective, once the process group exists and before anything is written: verify the
-    SHA-256 of every file of the checkpoint to resume from, each rank a share
-    (:func:`verify_checkpoint_split`). A damaged checkpoint named by --config_path fails; an
-    automatic resume falls back to the newest older complete checkpoint that verifies (updating
-    the plan), saying why."""
-    older = reversed(
-        [
-            p
-            for p in list_complete_checkpoints(plan.output_dir)
-            if read_training_step(p)["step"] < plan.start_step
-        ]
-    )
-    step_dir, info = plan.resume_from, plan.resume_info
-    while step_dir is not None:
-        try:
-            verify_checkpoint_split(step_dir, info, group)
-        except CheckpointError as e:
-            if plan.resume_explicit:
-                raise
-            log.warning(
-                "skipping checkpoint %s: %s; falling back to an earlier one", step_dir.name, e
-            )
-            step_dir, info = _next_usable(older, plan.cfg)
-            continue
-        plan.resume_from, plan.resume_info = step_dir, info
-        return
-    raise CheckpointError(
-        f"--resume=true but {checkpoints_dir(plan.output_dir)} holds no complete, undamaged "
-        "checkpoint; pass --config_path=<step>/pretrained_model/train_config.json or drop --resume"
-    )
-
-
-def _next_usable(candidates: Iterator[Path], cfg: TrainConfig) -> tuple[Path | None, dict | None]:
-    for candidate in candidates:
-        try:
-            info = validate_checkpoint_layout(candidate, hashes=False)
-            _check_resume_compatible(cfg, candidate)
-        except CheckpointError as e:
-            log.warning("skipping checkpoint %s: %s", candidate.name, e)
-            continue
-        return candidate.resolve(), info
-    return None, None
-
-
-def _check_resume_compatible(cfg: TrainConfig, step_dir: Path) -> None:
-    saved = read_json(step_dir / C.PRETRAINED_MODEL_DIR / C.CONFIG_NAME, "checkpoint policy config")
-    if saved.get("type") != cfg.policy.type:
-        raise CheckpointError(
-            f"checkpoint {step_dir} holds a {saved.get('type')!r} policy but --policy.type is "
-            f"{cfg.policy.type!r}; resume with the checkpoint's own train_config.json"
-        )
-
-
-def make_plan(
-    argv: list[str], world_size: int, env: Mapping[str, str] = os.environ
-) -> TrainingPlan:
-    acknowledged = check_accelerate_env(env)
-    cfg, source_step = parse_train_config(argv)
-    validate_config(cfg)
-    if cfg.policy.use_amp and cfg.accelerator.mixed_precision == "no":
+def resolve_config(cfg: TrainConfig) -> TrainConfig:
+    """:func:`validate_config`, then what depends on the machine: LeRobot's ``use_amp`` as a
+    mixed precision, and the default output folder. The config the run trains with."""
+    cfg = validate_config(cfg)
+    mixed_precision = cfg.accelerator.mixed_precision
+    if cfg.policy.use_amp and mixed_precision == "no":
         # LeRobot's use_amp: torch.autocast's default dtype of the device (fp16 CUDA, bf16 CPU).
         import torch
 
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         autocast = torch.get_autocast_dtype(device_type)
-        cfg.accelerator.mixed_precision = "fp16" if autocast == torch.float16 else "bf16"
+        mixed_precision = "fp16" if autocast == torch.float16 else "bf16"
+    return dataclasses.replace(
+        cfg,
+        accelerator=dataclasses.replace(cfg.accelerator, mixed_precision=mixed_precision),
+        output_dir=str(cfg.output_dir or default_output_dir(cfg)),
+    )
+
+
+def make_plan(
+    argv: list[str], world_size: int, env: Mapping[str, str] = os.environ
+) -> TrainingPlan:
+    """The whole pre-flight of lerobot-train for ``world_size`` processes (module docstring)."""
+    acknowledged = check_accelerate_env(env)
+    cfg, source_step = parse_train_config(argv)
+    cfg = resolve_config(cfg)
     dims = _resolve_topology(cfg, world_size)
     if cfg.peft is not None and cfg.checkpoint_format != "safetensors" and not dims.is_sharded:
         raise ConfigError(
             "--checkpoint_format=dcp needs a sharded run (--parallelism.dp_shard > 1) with PEFT"
         )
-    output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
-    cfg.output_dir = str(output_dir)
+    output_dir = Path(cfg.output_dir)
     if launched_rank(env) == 0:
         # A trainer still running on this folder is the first thing to know (the pipeline's
         # validate job says it too); train() takes the lock for real.
         check_run_lock(output_dir)
-
-    resume_from, resume_info, resume_explicit = None, None, False
-    if cfg.resume:
-        resume_explicit = source_step is not None
-        resume_from, resume_info = _locate_resume(source_step, output_dir)
-        resume_from = resume_from.resolve()
-        _check_resume_compatible(cfg, resume_from)
-        if (
-            resume_info.get("sharded")
-            and not dims.is_sharded
-            and cfg.checkpoint_format != "safetensors"
-        ):
-            raise ConfigError(
-                f"resuming sharded checkpoint {resume_from} without sharding needs a single-file "
-                "format: pass --checkpoint_format=safetensors"
-            )
-    elif list_complete_checkpoints(output_dir) or (output_dir / C.CHECKPOINTS_DIR).exists():
-        raise ConfigError(
-            f"--output_dir={output_dir} already holds checkpoints and --resume is false; pass "
-            "--resume=true to continue that run, or choose another --output_dir"
-        )
-
+    point = resume_point(cfg, dims, source_step)
     dataset_root = resolve_dataset_root(
         cfg.dataset.root, cfg.dataset.repo_id, cfg.dataset.revision, episodes=cfg.dataset.episodes
     )
@@ -534,7 +513,43 @@ def make_plan(
         image_transforms=cfg.dataset.image_transforms,
         use_imagenet_stats=cfg.dataset.use_imagenet_stats,
     )
-    sharding = check_policy_plan(cfg, dims, dataset)
+    return plan_on_dataset(cfg, dims, dataset, point, env, tuple(acknowledged))
+
+
+def resume_point(
+    cfg: TrainConfig, dims: ParallelDims, source_step: Path | None
+) -> ResumePoint | None:
+    """The checkpoint a ``--resume=true`` run continues from (the resolver's first step: sizes
+    only), None for a fresh run; a fresh run refuses a folder that holds checkpoints."""
+    output_dir = Path(cfg.output_dir)
+    if not cfg.resume:
+        if list_complete_checkpoints(output_dir) or (output_dir / C.CHECKPOINTS_DIR).exists():
+            raise ConfigError(
+                f"--output_dir={output_dir} already holds checkpoints and --resume is false; pass "
+                "--resume=true to continue that run, or choose another --output_dir"
+            )
+        return None
+    point = resume.require(output_dir, source_step, cfg.policy.type)
+    if point.info.get("sharded") and not dims.is_sharded and cfg.checkpoint_format != "safetensors":
+        raise ConfigError(
+            f"resuming sharded checkpoint {point.step_dir} without sharding needs a single-file "
+            "format: pass --checkpoint_format=safetensors"
+        )
+    return point
+
+
+def plan_on_dataset(
+    cfg: TrainConfig,
+    dims: ParallelDims,
+    dataset: LeRobotDataset,
+    point: ResumePoint | None,
+    env: Mapping[str, str] = os.environ,
+    acknowledged: tuple[str, ...] = (),
+) -> TrainingPlan:
+    """The plan's last checks, those that need the dataset: the policy's features (filled in
+    from the dataset) and sharding on the meta device, the backbone weights, the batch size."""
+    policy, sharding = check_policy_plan(cfg, dims, dataset)
+    cfg = dataclasses.replace(cfg, policy=policy)
     check_backbone_weights(cfg, env)
     drawable = sample_indices(cfg.policy, dataset)
     n_drawable = len(dataset) if drawable is None else len(drawable)
@@ -549,11 +564,8 @@ def make_plan(
         cfg=cfg,
         dims=dims,
         dataset=dataset,
-        output_dir=output_dir,
-        resume_from=resume_from,
-        resume_info=resume_info,
+        resume=point,
         acknowledged_env=acknowledged,
-        resume_explicit=resume_explicit,
         sharding=sharding,
     )
 
@@ -595,19 +607,21 @@ def sample_indices(policy: PreTrainedConfig, dataset: LeRobotDataset) -> np.ndar
 
 def check_policy_plan(
     cfg: TrainConfig, dims: ParallelDims, dataset: LeRobotDataset
-) -> ShardingPlan | None:
-    """Fill the policy's features from the dataset and build the policy on the meta device with
-    its PEFT wrapper, so that anything wrong with them (features, LoRA targets) fails before
-    launch; for a sharded run, plan its sharding there too (wrap units, tied parameters, ignored
-    modules, precision policy): the launch applies that plan instead of deciding again."""
+) -> tuple[PreTrainedConfig, ShardingPlan | None]:
+    """The policy's config with its features filled in from the dataset (a copy), and the
+    policy built from it on the meta device with its PEFT wrapper, so that anything wrong with
+    them (features, LoRA targets) fails before launch; for a sharded run, its sharding planned
+    there too (wrap units, tied parameters, ignored modules, precision policy): the launch
+    applies that plan instead of deciding again."""
     import torch
 
     from lerobot_pipe.distributed.parallelize import plan_sharding
     from lerobot_pipe.policies.factory import fill_features, get_policy_class
     from lerobot_pipe.policies.peft import apply_peft
 
+    policy = copy.deepcopy(cfg.policy)
     try:
-        fill_features(cfg.policy, dataset.features)
+        fill_features(policy, dataset.features)
     except ValueError as e:
         raise ConfigError(
             f"policy {cfg.policy.type!r} cannot train on {dataset.root}: {e}"
@@ -615,7 +629,7 @@ def check_policy_plan(
     policy_cls = get_policy_class(cfg.policy.type)
     with torch.device("meta"):
         try:
-            model = policy_cls(cfg.policy, pretrained_parts=False)
+            model = policy_cls(policy, pretrained_parts=False)
         except ImportError as e:  # an optional dependency of the policy (diffusers)
             raise ConfigError(f"--policy.type={cfg.policy.type}: {e}") from None
         if cfg.peft is not None:
@@ -624,8 +638,8 @@ def check_policy_plan(
             except ValueError as e:
                 raise ConfigError(str(e)) from None
     if not dims.is_sharded:
-        return None
-    return plan_sharding(model, cfg.accelerator, policy_cls._fsdp_wrap_modules)
+        return policy, None
+    return policy, plan_sharding(model, cfg.accelerator, policy_cls._fsdp_wrap_modules)
 
 
 def check_backbone_weights(cfg: TrainConfig, env: Mapping[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""publish_from_main_process: rank 0 runs, every rank gets the same outcome."""
+"""run_on_main: rank 0 runs, every rank gets the same outcome (as publishing uses it)."""
 
 import os
 from pathlib import Path
@@ -6,7 +6,15 @@ from pathlib import Path
 import pytest
 from launch import run_distributed
 
-from lerobot_pipe.hub import PublishError, publish_from_main_process
+from lerobot_pipe.distributed.runtime import run_on_main
+from lerobot_pipe.hub import PublishError
+from lerobot_pipe.hub.publish import redacted
+
+
+def publish_from_main_process(fn, *args, **kwargs):
+    return run_on_main(
+        fn, *args, error_type=PublishError, describe=redacted, what="publishing", **kwargs
+    )
 
 
 def _ok(marker_dir: str, value: int) -> dict:

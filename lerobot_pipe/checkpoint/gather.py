@@ -2,7 +2,7 @@
 group the caller chooses.
 
 The asynchronous checkpoint needs this: its background thread builds model.safetensors from the
-copies of the shards the training loop staged in CPU memory, over the checkpointer's own gloo
+copies of the shards the training loop staged in CPU memory, over the checkpoint writer's own gloo
 group. ``DTensor.full_tensor()`` (and ``get_model_state_dict(full_state_dict=True)``) would run
 on the tensor's device mesh instead: the training loop's process group (nccl on GPU), busy with
 the loop's own collectives meanwhile.

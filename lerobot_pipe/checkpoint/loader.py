@@ -1,0 +1,199 @@
+"""Restoring a :class:`~lerobot_pipe.checkpoint.stateful.TrainState` from a complete checkpoint,
+onto whatever topology the model is wrapped for now (resharding as needed), through the same
+``Stateful`` parts a save goes through. Collective; the files were verified first
+(:func:`lerobot_pipe.checkpoint.resume.verify`).
+
+What a resume continues with, and what it says: the data position (global samples consumed:
+LeRobot's checkpoints record only the step, so it is derived from their batch and world size),
+a changed topology (resharded on load), a changed global batch (not sample-exact), and RNG
+states of another world size (each rank seeded from a saved rank's state).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from lerobot_pipe import constants as C
+from lerobot_pipe.checkpoint.layout import CheckpointError, read_checkpoint_json
+from lerobot_pipe.checkpoint.lerobot_state import (
+    load_safetensors,
+    named_optimizer_state,
+    rank_rng_state,
+    unflatten_tensors,
+)
+from lerobot_pipe.checkpoint.resume import ResumePoint
+from lerobot_pipe.checkpoint.stateful import TrainState
+from lerobot_pipe.distributed.runtime import barrier
+
+log = logging.getLogger(__name__)
+
+
+def load_train_state(point: ResumePoint, state: TrainState, run_info: dict) -> None:
+    """Restore every part of ``state`` from ``point``; ``run_info`` is this run's
+    training_step.json record (its topology and batch), to say what changed. Collective."""
+    step_dir = point.step_dir
+    pretrained = step_dir / C.PRETRAINED_MODEL_DIR
+    training_state = step_dir / C.TRAINING_STATE_DIR
+    distributed = dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    is_main = rank == 0
+
+    _load_model(state, pretrained, is_main or not distributed)
+    _load_optimizer(state, training_state, is_main or not distributed)
+    for part, name, what in (
+        (state.scheduler, C.SCHEDULER_STATE, "the scheduler starts fresh"),
+        (
+            state.scaler if state.saves_scaler else None,
+            C.SCALER_STATE,
+            "the fp16 loss scale starts fresh",
+        ),
+    ):
+        if part is None:
+            continue
+        path = training_state / name
+        if path.is_file():
+            part.load_state_dict(read_checkpoint_json(path))
+        else:
+            log.warning("checkpoint has no %s: %s", path, what)
+    _load_rng(state, training_state / C.RNG_STATE, rank, point.info, run_info)
+    state.progress.load_state_dict(
+        {"step": point.step, "samples_consumed": resume_position(point.info, run_info, is_main)}
+    )
+    barrier()
+
+
+def _load_model(state: TrainState, pretrained: Path, reads: bool) -> None:
+    weights_file = next(
+        (
+            pretrained / n
+            for n in (C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS)
+            if (pretrained / n).is_file()
+        ),
+        None,
+    )
+    if weights_file is not None:
+        # model.safetensors holds every tensor; adapter_model.safetensors only the adapters, whose
+        # peft names adapter_key_map turns into this model's keys (the frozen base is loaded).
+        adapter = weights_file.name == C.ADAPTER_SAFETENSORS
+        key_map = state.model.adapter_key_map
+        if adapter and key_map is None:
+            raise CheckpointError(
+                f"{weights_file} holds PEFT adapters: resume it with its --peft.* flags"
+            )
+        full = load_safetensors(weights_file) if reads else {}
+        if key_map is not None and full:
+            full = key_map(full)
+        state.model.load_full_state_dict(full, strict=not adapter)
+    elif (pretrained / C.MODEL_DCP_DIR).is_dir():
+        sd = state.model.state_dict()
+        _dcp_load(sd, pretrained / C.MODEL_DCP_DIR)
+        state.model.load_state_dict(sd)
+    else:
+        raise CheckpointError(f"checkpoint {pretrained} holds no loadable model weights")
+
+
+def _load_optimizer(state: TrainState, training_state: Path, reads: bool) -> None:
+    # Hyper-parameters as saved (the LR a scheduler had reached, ...), not as constructed.
+    groups = read_checkpoint_json(training_state / C.OPTIMIZER_PARAM_GROUPS, expect=list)
+    dcp_optim = training_state / C.OPTIMIZER_DCP_DIR
+    if dcp_optim.is_dir():
+        osd = state.optimizer.state_dict()
+        box = {"optimizer": osd["state"]}
+        _dcp_load(box, dcp_optim)
+        state.optimizer.load_state_dict({"state": box["optimizer"], "param_groups": groups})
+        return
+    current = state.optimizer.state_dict()
+    full = {}
+    if reads:
+        saved = unflatten_tensors(load_safetensors(training_state / C.OPTIMIZER_STATE))
+        full = named_optimizer_state(saved.get("state", saved), groups, current)
+    state.optimizer.load_full_state_dict(full)
+
+
+def _dcp_load(state: dict, path: Path) -> None:
+    if not (path / C.DCP_METADATA_FILE).is_file():
+        raise CheckpointError(f"missing DCP metadata: {path / C.DCP_METADATA_FILE}")
+    try:
+        with warnings.catch_warnings():  # a single-process load is intended, not a fallback
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+    except Exception as e:  # noqa: BLE001 - DCP wraps reader errors in many types
+        raise CheckpointError(
+            f"cannot load DCP checkpoint {path}: {type(e).__name__}: {e}"
+        ) from None
+
+
+def _saved_world(info: dict) -> int | None:
+    return info.get("world_size", info.get("num_processes", info.get("dp_world_size")))
+
+
+def _load_rng(state: TrainState, path: Path, rank: int, info: dict, run_info: dict) -> None:
+    flat = load_safetensors(path)
+    world_size = run_info["world_size"]
+    saved_world = _saved_world(info)
+    mine = rank_rng_state(flat, rank)
+    if not mine:
+        # More ranks than were saved: start from the main rank's state, then decorrelate.
+        mine = rank_rng_state(flat, 0)
+        if not mine:
+            log.warning("%s holds no RNG state: RNG starts fresh", path)
+            return
+        state.rng.load_state_dict(mine)
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,)).item()) + rank)
+    else:
+        state.rng.load_state_dict(mine)
+    # LeRobot before 0.5 records no world size: one process restores its main rank's state.
+    unrecorded_single = saved_world is None and world_size == 1
+    if saved_world != world_size and not unrecorded_single and rank == 0:
+        log.warning(
+            "checkpoint was written by %s rank(s), this run has %s: each rank's RNG is seeded from "
+            "a saved rank's state, so random layers (dropout, VAE sampling) will not replay exactly",
+            saved_world,
+            world_size,
+        )
+
+
+def resume_position(info: dict, run_info: dict, explain: bool) -> int:
+    """The global sample position to continue at; with ``explain``, log what changed since the
+    checkpoint (topology, global batch)."""
+    # LeRobot's training_step.json has num_processes (its world size = dp world size); before
+    # 0.5 only the step, then it assumes this run's world size and batch size, as LeRobot does.
+    saved_dp = info.get("dp_world_size", info.get("num_processes", run_info["dp_world_size"]))
+    saved_batch = info.get("batch_size", run_info["batch_size"])
+    samples = int(info.get("samples_consumed", info["step"] * saved_batch * saved_dp))
+    if not explain:
+        return samples
+    # LeRobot's training_step.json has no topology: its num_processes ran plain DDP.
+    old_topology = info.get("parallelism") or {
+        "dp_replicate": saved_dp,
+        "dp_shard": 1,
+        "world_size": saved_dp,
+    }
+    now = run_info["parallelism"]
+    changes = [
+        f"{k}: {old_topology.get(k)} -> {now[k]}"
+        for k in ("dp_replicate", "dp_shard", "world_size")
+        if old_topology.get(k) != now[k]
+    ]
+    if changes:
+        log.info(
+            "Topology changed since the checkpoint (%s); state is resharded on load",
+            ", ".join(changes),
+        )
+    old_global = info.get("global_batch_size", saved_batch * saved_dp)
+    new_global = run_info["global_batch_size"]
+    if old_global != new_global:
+        log.warning(
+            "global batch changed (%d -> %d samples per step): the run continues at sample %d of "
+            "the same data order, but it is not sample-exact with an uninterrupted run",
+            old_global,
+            new_global,
+            samples,
+        )
+    return samples

@@ -1,0 +1,158 @@
+"""What a checkpoint holds: the run's state as ``Stateful`` parts (torchtitan's "states").
+
+Every part follows torch's ``Stateful`` protocol (``state_dict()`` / ``load_state_dict()``),
+and the checkpoint manager saves and loads through exactly these calls: the scheduler and the
+grad scaler are torch's own; :class:`ModelState` and :class:`OptimizerState` read and set the
+wrapped model and its optimizer through ``torch.distributed.checkpoint.state_dict`` (each rank's
+shards, or gathered whole: whatever the wrapping, DDP, FSDP2, HSDP); :class:`RNGState` is this
+process's generators; :class:`TrainProgress` is where the run is (loop steps and the data
+position). ``pretrained`` writes the ``pretrained_model/`` folder LeRobot's tools load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+from lerobot_pipe.checkpoint.layout import CheckpointError
+from lerobot_pipe.checkpoint.lerobot_state import capture_rng_state, restore_rng_state
+
+
+def _full_options(**kwargs: Any) -> StateDictOptions:
+    return StateDictOptions(full_state_dict=True, **kwargs)
+
+
+@dataclass
+class ModelState(Stateful):
+    """The policy as the loop calls it (wrapped for the topology). ``state_dict`` is this rank's
+    part (its shards when sharded: what DCP saves); :meth:`full_state_dict` the whole fp32 state
+    on the main rank (a collective)."""
+
+    module: nn.Module
+    # PEFT: adapter_model.safetensors' peft names -> this model's keys (loading adapters only).
+    adapter_key_map: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_model_state_dict(self.module)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_model_state_dict(self.module, state_dict)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective: every tensor whole, on CPU, on the main rank (empty elsewhere)."""
+        if not dist.is_initialized():
+            return {k: v.detach().cpu() for k, v in get_model_state_dict(self.module).items()}
+        return get_model_state_dict(self.module, options=_full_options(cpu_offload=True))
+
+    def load_full_state_dict(self, full: dict[str, torch.Tensor], *, strict: bool = True) -> None:
+        """Collective: set every rank's part from the main rank's whole ``full`` (other ranks
+        pass an empty dict)."""
+        options = _full_options(broadcast_from_rank0=dist.is_initialized(), strict=strict)
+        try:
+            set_model_state_dict(self.module, full, options=options)
+        except (RuntimeError, KeyError) as e:
+            raise CheckpointError(f"checkpoint weights do not fit this model: {e}") from None
+
+
+@dataclass
+class OptimizerState(Stateful):
+    """The optimizer of :class:`ModelState`'s module, keyed by parameter name."""
+
+    model: ModelState
+    optimizer: torch.optim.Optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_optimizer_state_dict(self.model.module, self.optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_optimizer_state_dict(self.model.module, self.optimizer, state_dict)
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """Collective: the whole state on the main rank (empty elsewhere)."""
+        if not dist.is_initialized():
+            return self.state_dict()
+        options = _full_options(cpu_offload=True)
+        return get_optimizer_state_dict(self.model.module, self.optimizer, options=options)
+
+    def load_full_state_dict(self, full: dict[str, Any]) -> None:
+        """Collective: set every rank's part from the main rank's whole ``full``."""
+        options = _full_options(broadcast_from_rank0=dist.is_initialized())
+        set_optimizer_state_dict(self.model.module, self.optimizer, full, options=options)
+
+
+class RNGState(Stateful):
+    """This process's Python, NumPy, torch (and CUDA) generators."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return capture_rng_state()
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        restore_rng_state(state_dict)
+
+
+@dataclass
+class TrainProgress(Stateful):
+    """Where the run is: loop steps done and global samples consumed (the data position)."""
+
+    step: int = 0
+    samples_consumed: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step, "samples_consumed": self.samples_consumed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.step = int(state_dict["step"])
+        self.samples_consumed = int(state_dict["samples_consumed"])
+
+
+class PretrainedWriter(Protocol):
+    def __call__(self, directory: Path, full_state: dict[str, torch.Tensor] | None) -> None:
+        """Write config.json, the weights (from ``full_state``, the gathered fp32 state dict,
+        when given), the processors and train_config.json into ``directory``. Called on the
+        main process only, possibly in a background thread: it must read nothing the training
+        loop changes except through ``full_state``."""
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint saves and restores."""
+
+    model: ModelState
+    optimizer: OptimizerState
+    pretrained: PretrainedWriter
+    scheduler: Stateful | None = None
+    scaler: torch.amp.GradScaler | None = None
+    rng: RNGState = field(default_factory=RNGState)
+    progress: TrainProgress = field(default_factory=TrainProgress)
+
+    @classmethod
+    def build(
+        cls,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        pretrained: PretrainedWriter,
+        **parts: Any,
+    ) -> TrainState:
+        adapter_key_map = parts.pop("adapter_key_map", None)
+        model = ModelState(module, adapter_key_map)
+        return cls(
+            model=model, optimizer=OptimizerState(model, optimizer), pretrained=pretrained, **parts
+        )
+
+    @property
+    def saves_scaler(self) -> bool:
+        return self.scaler is not None and self.scaler.is_enabled()

@@ -1,0 +1,2 @@
+"""What the Snakemake pipeline runs besides the console scripts: its config in the words of its
+keys (:mod:`.config`) and the train job (:mod:`.train_job`)."""
