@@ -64,7 +64,9 @@ def snakemake(work: Path, env: dict, steps: int, strace_out: Path | None = None)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        sys.exit(
+            f"snakemake failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return time.perf_counter() - start
 
 
@@ -111,14 +113,20 @@ def main() -> None:
         found = bytes_read(trace, step_dir)
         reads = sum(v["read"] for v in found.values())
         mapped = sum(v["mmap"] for v in found.values())
-        print(f"repository: {repo} ({subprocess.run(['git', '-C', str(repo), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()})")
-        print(f"first run to step 20: {first:.0f} s; resume to step 40 under strace: {second:.0f} s")
+        print(
+            f"repository: {repo} ({subprocess.run(['git', '-C', str(repo), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()})"
+        )
+        print(
+            f"first run to step 20: {first:.0f} s; resume to step 40 under strace: {second:.0f} s"
+        )
         print(f"manifest of {step_dir.name}: {len(manifest['files'])} files, {listed / 1e6:.1f} MB")
         print(f"{'file':58s} {'listed MB':>9s} {'read MB':>9s} {'mmap MB':>9s}")
         for rel in sorted(set(manifest["files"]) | set(found)):
             size = int(manifest["files"].get(rel, {}).get("size", 0))
             got = found.get(rel, {"read": 0, "mmap": 0})
-            print(f"{rel[:58]:58s} {size / 1e6:9.2f} {got['read'] / 1e6:9.2f} {got['mmap'] / 1e6:9.2f}")
+            print(
+                f"{rel[:58]:58s} {size / 1e6:9.2f} {got['read'] / 1e6:9.2f} {got['mmap'] / 1e6:9.2f}"
+            )
         ratio = (reads + mapped) / listed
         print(
             f"read()/pread(): {reads / 1e6:.1f} MB ({reads / listed:.2f}x), mmap: "
