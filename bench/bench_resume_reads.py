@@ -5,7 +5,7 @@
 In a fresh temporary copy of the workflow (Snakefile, workflow/, config/, envs/ of ``--repo``,
 default: this repository, whose package is imported through PYTHONPATH), the embedded default
 run trains to step 20 (one checkpoint), then the same pipeline reruns with ``train.steps: 40``
-under ``strace -f``: the validate job, the train job (lerobot-pipe launch-train), torchrun and
+under ``strace -ff``: the validate job, the train job (lerobot-pipe launch-train), torchrun and
 both training ranks. Every read(), pread64(), readv(), preadv() and preadv2() of a file inside
 the resumed step folder is summed (strace -y names each descriptor's file), and every mmap() of
 such a file counts its mapped length (safetensors maps its files; /proc/<pid>/io's rchar does not
@@ -35,9 +35,9 @@ VENV_BIN = REPO / ".venv" / "bin"
 PARTS = ("Snakefile", "workflow", "config", "envs")
 TARGET = 2.2
 RUN = "default"
-# pid syscall(fd</path>, ...) = result   (strace -f -y -s 0)
+# syscall(fd</path>, ...) = result   (strace -ff -y -s 0: one file per thread)
 _CALL = re.compile(
-    r"^(?P<pid>\d+)\s+(?P<call>read|pread64|readv|preadv|preadv2|mmap)\((?P<args>.*)\)\s+=\s+"
+    r"^(?P<call>read|pread64|readv|preadv|preadv2|mmap)\((?P<args>.*)\)\s+=\s+"
     r"(?P<ret>-?\d+|0x[0-9a-f]+)"
 )
 _FD = re.compile(r"\d+<(?P<path>[^>]*)>")
@@ -58,7 +58,7 @@ def snakemake(work: Path, env: dict, steps: int, strace_out: Path | None = None)
     cmd = ["snakemake", "--cores", "2", target, "--configfile", "config/config.yaml", str(override)]
     if strace_out is not None:
         cmd = [
-            "strace", "-f", "-qq", "-y", "-s", "0", "-e", "signal=none",
+            "strace", "-ff", "-qq", "-y", "-s", "0", "-e", "signal=none",
             "-e", "trace=read,pread64,readv,preadv,preadv2,mmap", "-o", str(strace_out), *cmd,
         ]  # fmt: skip
     start = time.perf_counter()
@@ -71,10 +71,17 @@ def snakemake(work: Path, env: dict, steps: int, strace_out: Path | None = None)
 
 
 def bytes_read(trace: Path, step_dir: Path) -> dict[str, dict[str, int]]:
-    """{file relative to step_dir: {"read": bytes, "mmap": bytes}} from an strace log."""
+    """{file relative to step_dir: {"read": bytes, "mmap": bytes}} from strace's logs, one per
+    thread (``-ff``: a thread's calls are never split into unfinished / resumed lines)."""
     prefix = str(step_dir.resolve()) + "/"
     found: dict[str, dict[str, int]] = defaultdict(lambda: {"read": 0, "mmap": 0})
-    with open(trace, errors="replace") as f:
+    for log_file in trace.parent.glob(f"{trace.name}.*"):
+        _add_reads(log_file, prefix, found)
+    return dict(found)
+
+
+def _add_reads(log_file: Path, prefix: str, found: dict) -> None:
+    with open(log_file, errors="replace") as f:
         for line in f:
             match = _CALL.match(line)
             if not match or prefix not in line:
@@ -87,7 +94,6 @@ def bytes_read(trace: Path, step_dir: Path) -> dict[str, dict[str, int]]:
                 found[rel]["mmap"] += int(match["args"].split(",")[1])
             elif not match["ret"].startswith("-"):
                 found[rel]["read"] += int(match["ret"])
-    return dict(found)
 
 
 def main() -> None:
@@ -108,7 +114,8 @@ def main() -> None:
         step_dir = work / f"results/{RUN}/train/checkpoints/000020"
         manifest = json.loads((step_dir / "training_state/training_step.json").read_text())
         listed = sum(int(e["size"]) for e in manifest["files"].values())
-        trace = work / "strace.txt"
+        (work / "strace").mkdir()
+        trace = work / "strace" / "trace"
         second = snakemake(work, env, 40, trace)
         found = bytes_read(trace, step_dir)
         reads = sum(v["read"] for v in found.values())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from lerobot_pipe.checkpoint import resume
 from lerobot_pipe.checkpoint.layout import remove_stale_temporaries
@@ -31,30 +32,20 @@ class CheckpointManager:
         self,
         output_dir: str | Path,
         *,
-        total_steps: int,
         save_freq: int,
         enabled: bool,
-        checkpoint_format: str,
-        sharded: bool,
         run_info: dict,
-        async_save: bool = False,
-        keep_last: int = 0,
         is_main: bool = True,
+        **writer_options: Any,
     ) -> None:
+        """``writer_options``: :class:`~.writer.CheckpointWriter`'s (``total_steps``,
+        ``checkpoint_format``, ``sharded``, ``async_save``, ``keep_last``)."""
         self.output_dir = Path(output_dir)
         self.save_freq = save_freq
         self.enabled = enabled
         self.run_info = run_info
         self.is_main = is_main
-        self.writer = CheckpointWriter(
-            output_dir,
-            total_steps=total_steps,
-            checkpoint_format=checkpoint_format,
-            sharded=sharded,
-            run_info=run_info,
-            async_save=async_save,
-            keep_last=keep_last,
-        )
+        self.writer = CheckpointWriter(output_dir, run_info=run_info, **writer_options)
         self.state: TrainState | None = None
 
     def verify(self, point: ResumePoint | None, policy_type: str) -> ResumePoint | None:

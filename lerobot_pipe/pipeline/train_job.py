@@ -310,6 +310,14 @@ def write_final_checkpoint(step_dir: Path, path: Path) -> None:
     write_json_atomic(path, read_training_step(step_dir))
 
 
+def _shown(path: Path) -> Path:
+    """``path`` as the user named it: relative to the working folder when it is inside it."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
 def _tail(path: Path, offset: int) -> list[str]:
     """The last lines this attempt appended to the log (from byte ``offset``)."""
     with open(path, "rb") as f:
@@ -358,7 +366,7 @@ def launch_train(
         supervisor = Supervisor(log_file, follower, terminal)
         try:
             if point is not None:
-                supervisor.say(f"resuming from {point.step_dir} (step {point.step})")
+                supervisor.say(f"resuming from {_shown(point.step_dir)} (step {point.step})")
                 if point.step >= cfg.steps:
                     supervisor.say(
                         f"checkpoint step {point.step} already reaches --steps={cfg.steps} "

@@ -141,6 +141,11 @@ def test_null_in_the_config_wins_over_the_resumed_checkpoint(tmp_path):
     }
     train_log = workspace.path(f"{RUN}/logs/train.log").read_text()
     assert "checkpoints/000010 (step 10)" in train_log and "resharded" in train_log
+    # The log of the first attempt is kept: each attempt appends after a header of its own.
+    attempts = train_log.split("===== lerobot-pipe launch-train, ")[1:]
+    assert len(attempts) == 2, train_log[:2000]
+    assert "training starts fresh" in attempts[0] and "Effective batch size" in attempts[0]
+    assert "resuming from" in attempts[1] and "Effective batch size" in attempts[1]
 
 
 def test_training_progress_and_the_results_reach_the_terminal(default_run):
