@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from snakemake_runs import RUN, TRAIN_DIR, Workspace
+from snakemake_runs import REPO, RUN, TRAIN_DIR, Workspace
 
 from lerobot_pipe.constants import (
     CHECKPOINTS_DIR,
@@ -119,6 +119,20 @@ def test_profiles_plan_the_same_jobs(workspace):
         assert resources.items() <= slurm[job].items(), job[0]
     train = next(resources for job, resources in local.items() if job[0] == "train")
     assert {"nodes", "tasks", "mem_mb", "runtime"} <= train.keys()
+
+
+def test_the_default_run_trains_the_tiny_act():
+    """The embedded default's policy is the package's tiny ACT (ACT_TINY_PRESET), the "small"
+    model of the benchmarks; only its camera backbone's settings are added."""
+    import yaml
+
+    from lerobot_pipe.policies.act import ACT_TINY_PRESET
+
+    policy = yaml.safe_load((REPO / "config/config.yaml").read_text())["train"]["policy"]
+    assert policy.pop("type") == "act"
+    assert policy.pop("vision_backbone") == "resnet18"
+    assert policy.pop("pretrained_backbone_weights") is None
+    assert policy == ACT_TINY_PRESET
 
 
 def test_publishing_switched_on_from_the_command_line(workspace):
