@@ -88,17 +88,11 @@ def _run(cmd: list[str], what: str, timeout: float, log: Path | None = None) -> 
     return out
 
 
-TINY_ACT = [  # ACT_TINY_PRESET, for --cpu-rehearsal
-    "--policy.chunk_size=10",
-    "--policy.n_action_steps=10",
-    "--policy.dim_model=32",
-    "--policy.n_heads=2",
-    "--policy.dim_feedforward=64",
-    "--policy.n_encoder_layers=2",
-    "--policy.n_decoder_layers=1",
-    "--policy.n_vae_encoder_layers=1",
-    "--policy.latent_dim=8",
-]
+def tiny_act_flags() -> list[str]:
+    """The package's tiny ACT (ACT_TINY_PRESET), for --cpu-rehearsal."""
+    from lerobot_pipe.policies.act import ACT_TINY_PRESET
+
+    return [f"--policy.{key}={value}" for key, value in ACT_TINY_PRESET.items()]
 
 
 def train_flags(dataset: Path, output: Path, steps: int, batch: int, tiny: bool) -> list[str]:
@@ -107,7 +101,7 @@ def train_flags(dataset: Path, output: Path, steps: int, batch: int, tiny: bool)
         f"--dataset.root={dataset}",
         f"--output_dir={output}",
         "--policy.type=act",  # LeRobot's default ACT (dim_model 512, 4+1 layers, chunk 100)
-        *(TINY_ACT if tiny else []),
+        *(tiny_act_flags() if tiny else []),
         f"--batch_size={batch}",
         f"--steps={steps}",
         f"--save_freq={save_freq}",

@@ -1,4 +1,4 @@
-"""Shared fixtures: a small synthetic LeRobot v3.0 dataset and the tiny ACT flags."""
+"""Shared fixtures: small synthetic LeRobot v3.0 datasets (the tiny policies' flags: tiny.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-
-from tiny import tiny_act_flags  # noqa: E402,F401  - re-exported for tests
 
 
 @pytest.fixture(scope="session")

@@ -6,18 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TINY_ACT = {
-    "policy.type": "act",
-    "policy.chunk_size": 10,
-    "policy.n_action_steps": 10,
-    "policy.dim_model": 32,
-    "policy.n_heads": 2,
-    "policy.dim_feedforward": 64,
-    "policy.n_encoder_layers": 2,
-    "policy.n_decoder_layers": 1,
-    "policy.n_vae_encoder_layers": 1,
-    "policy.latent_dim": 8,
-}
+from lerobot_pipe.policies.act import ACT_TINY_PRESET
+
+# The package's tiny ACT (ACTConfig.tiny, bench/_common.py's "small") as lerobot-train flags.
+TINY_ACT = {"policy.type": "act", **{f"policy.{k}": v for k, v in ACT_TINY_PRESET.items()}}
 DETERMINISTIC = {"policy.dropout": 0.0, "policy.use_vae": False}
 # An explicit optimizer and LR schedule instead of the policy's preset (LeRobot's rule: with the
 # preset on, --optimizer.* and --scheduler.* are replaced by it).

@@ -62,7 +62,16 @@ _STEPS: dict[str, type[ProcessorStep]] = {}
 
 
 def register_step(cls: type[ProcessorStep]) -> type[ProcessorStep]:
-    """Class decorator: make ``cls`` loadable by its ``registry_name``."""
+    """Class decorator: make ``cls`` loadable by its ``registry_name``. A name already taken is
+    refused (as LeRobot's ProcessorStepRegistry does): a saved pipeline names its steps only by
+    it, so a second class under one name would silently replace the first one when loading."""
+    existing = _STEPS.get(cls.registry_name)
+    if existing is not None:
+        raise ValueError(
+            f"processor step {cls.__module__}.{cls.__qualname__}: registry_name "
+            f"{cls.registry_name!r} is already registered by "
+            f"{existing.__module__}.{existing.__qualname__}; give it another registry_name"
+        )
     _STEPS[cls.registry_name] = cls
     return cls
 

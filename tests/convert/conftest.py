@@ -1,93 +1,41 @@
 """Fixtures for the DCP → safetensors converter tests.
 
-``run_distributed`` forks ``world_size`` processes that join a gloo process group on
-127.0.0.1 (a real multi-process run, no torchrun needed). The session fixtures use it
-to produce real FSDP2 DCP checkpoints (plain, and PEFT/LoRA on a tiny ACT policy, which the
-converter rebuilds on the meta device to name the adapter tensors) plus the full-gathered
-reference weights written by rank 0, once per test session; each test then works on its own
-copy. Like the trainer's, each step folder ends with ``training_state/training_step.json``
-listing the size and SHA-256 of every file.
+The session fixtures run two forked ranks in a gloo process group (tests/launch.py's
+``run_distributed``: a real multi-process run, no torchrun needed) to produce real FSDP2 DCP
+checkpoints (plain, and PEFT/LoRA on a tiny ACT policy, which the converter rebuilds on the meta
+device to name the adapter tensors) plus the full-gathered reference weights written by rank 0,
+once per test session; each test then works on its own copy. Like the trainer's, each step
+folder ends with ``training_state/training_step.json`` listing the size and SHA-256 of every file.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import os
 import shutil
-import socket
-import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from launch import run_distributed
 from torch import nn
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.checkpoint.manifest import file_manifest
 from lerobot_pipe.fsutil import write_json_atomic
 
-LAUNCH_TIMEOUT_S = 120.0
 
+@contextmanager
+def _gloo_group() -> Iterator[int]:
+    """This rank (of run_distributed) in a gloo process group; yields the rank."""
+    import torch.distributed as dist
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(fn: Callable, rank: int, world_size: int, port: int, args: tuple) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        OMP_NUM_THREADS="1",
-    )
-    code = 0
+    dist.init_process_group("gloo")
     try:
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
-        try:
-            fn(rank, world_size, *args)
-        finally:
-            dist.destroy_process_group()
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    # Skip atexit/pytest teardown inherited from the forked parent.
-    os._exit(code)
-
-
-def run_distributed(fn: Callable, world_size: int, *args) -> None:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` forked processes (gloo, CPU)."""
-    ctx = mp.get_context("fork")
-    port = _free_port()
-    procs = [
-        ctx.Process(target=_worker, args=(fn, rank, world_size, port, args))
-        for rank in range(world_size)
-    ]
-    for p in procs:
-        p.start()
-    failed = []
-    for rank, p in enumerate(procs):
-        p.join(LAUNCH_TIMEOUT_S)
-        if p.is_alive():
-            p.kill()
-            p.join()
-            failed.append(f"rank {rank} timed out")
-        elif p.exitcode != 0:
-            failed.append(f"rank {rank} exited with {p.exitcode}")
-    if failed:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-        raise RuntimeError("distributed run failed: " + ", ".join(failed))
+        yield dist.get_rank()
+    finally:
+        dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------------------
@@ -200,7 +148,7 @@ def _write_aux_files(pretrained: Path) -> None:
         save_file({"action.mean": torch.arange(7.0)}, str(pretrained / step_file))
 
 
-def _save_plain(rank: int, world_size: int, step_dir: str, reference: str) -> None:
+def _save_plain(step_dir: str, reference: str) -> None:
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import (
@@ -209,46 +157,48 @@ def _save_plain(rank: int, world_size: int, step_dir: str, reference: str) -> No
         get_optimizer_state_dict,
     )
 
-    torch.manual_seed(0)
-    model = TinyPolicy()
-    opt = _shard_and_step(model, model.model, model.parameters(), _tiny_loss)
-    pretrained = Path(step_dir) / C.PRETRAINED_MODEL_DIR
-    dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR))
-    dcp.save(
-        get_optimizer_state_dict(model, opt),
-        checkpoint_id=str(Path(step_dir) / C.TRAINING_STATE_DIR / C.OPTIMIZER_DCP_DIR),
-    )
-    full = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    if rank == 0:
-        save_file({k: v.contiguous() for k, v in full.items()}, reference)
-        _write_aux_files(pretrained)
+    with _gloo_group() as rank:
+        torch.manual_seed(0)
+        model = TinyPolicy()
+        opt = _shard_and_step(model, model.model, model.parameters(), _tiny_loss)
+        pretrained = Path(step_dir) / C.PRETRAINED_MODEL_DIR
+        dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR))
+        dcp.save(
+            get_optimizer_state_dict(model, opt),
+            checkpoint_id=str(Path(step_dir) / C.TRAINING_STATE_DIR / C.OPTIMIZER_DCP_DIR),
+        )
+        full = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if rank == 0:
+            save_file({k: v.contiguous() for k, v in full.items()}, reference)
+            _write_aux_files(pretrained)
 
 
-def _save_peft(rank: int, world_size: int, step_dir: str, reference: str) -> None:
+def _save_peft(step_dir: str, reference: str) -> None:
     import torch.distributed.checkpoint as dcp
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    torch.manual_seed(0)
-    base = tiny_act()
-    config = LoraConfig(**LORA_KWARGS, modules_to_save=LORA_MODULES_TO_SAVE)
-    model = get_peft_model(base, config)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    _shard_and_step(model, base.model, trainable, _act_loss)
-    pretrained = Path(step_dir) / C.PRETRAINED_MODEL_DIR
-    dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR))
-    full = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    if rank == 0:
-        adapter = get_peft_model_state_dict(model, state_dict=full)
-        save_file({k: v.contiguous() for k, v in adapter.items()}, reference)
-        model.peft_config["default"].save_pretrained(str(pretrained))
-        _write_aux_files(pretrained)
-        base.config.save_pretrained(pretrained)  # the converter builds the policy from it
+    with _gloo_group() as rank:
+        torch.manual_seed(0)
+        base = tiny_act()
+        config = LoraConfig(**LORA_KWARGS, modules_to_save=LORA_MODULES_TO_SAVE)
+        model = get_peft_model(base, config)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        _shard_and_step(model, base.model, trainable, _act_loss)
+        pretrained = Path(step_dir) / C.PRETRAINED_MODEL_DIR
+        dcp.save(get_model_state_dict(model), checkpoint_id=str(pretrained / C.MODEL_DCP_DIR))
+        full = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if rank == 0:
+            adapter = get_peft_model_state_dict(model, state_dict=full)
+            save_file({k: v.contiguous() for k, v in adapter.items()}, reference)
+            model.peft_config["default"].save_pretrained(str(pretrained))
+            _write_aux_files(pretrained)
+            base.config.save_pretrained(pretrained)  # the converter builds the policy from it
 
 
 def _make_checkpoint(root: Path, fn: Callable) -> tuple[Path, Path]:

@@ -11,8 +11,9 @@ decide whether the error was expected.
 Only LeRobot's public API is used, the way its tools call it: ``PreTrainedConfig.from_pretrained``
 and ``make_policy`` (the PEFT path included, when config.json says ``use_peft``),
 ``make_pre_post_processors`` with lerobot-eval's overrides, ``TrainPipelineConfig.from_pretrained``
-(draccus), ``make_optimizer_and_scheduler`` and ``load_training_state``. Nothing of lerobot_pipe is
-imported here: this file runs in LeRobot's virtual environment.
+(draccus), ``make_optimizer_and_scheduler``, ``load_training_state`` and the LR scheduler configs'
+``build``. Nothing of lerobot_pipe is imported here: this file runs in LeRobot's virtual
+environment.
 """
 
 from __future__ import annotations
@@ -170,10 +171,37 @@ def job_defaults(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps(defaults, indent=2, default=str))
 
 
+def job_lr_schedules(spec: dict) -> None:
+    """The learning rate of every parameter group at each loop step (before the step's update,
+    and once after the last) under LeRobot's schedulers, as ``lerobot-train`` steps them: one
+    ``scheduler.step()`` after each optimizer step. ``cases``: name -> {"scheduler": {"type",
+    ...fields}, "steps", "lrs": the groups' base lrs}; writes name -> [[lr per group], ...]."""
+    from lerobot.optim.schedulers import LRSchedulerConfig
+
+    out = {}
+    for name, case in spec["cases"].items():
+        fields = dict(case["scheduler"])
+        config = LRSchedulerConfig.get_choice_class(fields.pop("type"))(**fields)
+        first, *others = case["lrs"]
+        groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in others]
+        optimizer = torch.optim.SGD(
+            [{"params": [torch.nn.Parameter(torch.zeros(1))]}, *groups], lr=first
+        )
+        scheduler = config.build(optimizer, case["steps"])
+        lrs = []
+        for _ in range(case["steps"]):
+            lrs.append([g["lr"] for g in optimizer.param_groups])
+            optimizer.step()
+            scheduler.step()
+        out[name] = [*lrs, [g["lr"] for g in optimizer.param_groups]]
+    Path(spec["out"]).write_text(json.dumps(out, indent=1))
+
+
 JOBS = {
     "actions": job_actions,
     "defaults": job_defaults,
     "loss": job_loss,
+    "lr_schedules": job_lr_schedules,
     "train_config": job_train_config,
     "training_state": job_training_state,
 }

@@ -29,6 +29,8 @@ WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs")
 VENV_BIN = Path(sys.executable).parent
 RUN = "results/default"
 TRAIN_DIR = f"{RUN}/train"
+# The first line of each job Snakemake prints: "rule validate:", "checkpoint train:", ...
+_JOB_HEADER = re.compile(r"^(rule|localrule|checkpoint|localcheckpoint) (\w+):$")
 
 
 @dataclass
@@ -40,9 +42,48 @@ class Result:
     def jobs(self) -> dict[str, int]:
         """Rule name -> number of jobs Snakemake started (or, in a dry run, would start)."""
         counts: dict[str, int] = {}
-        for name in re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):$", self.output, re.M):
-            counts[name] = counts.get(name, 0) + 1
+        for job in self.planned_jobs():
+            counts[job.rule] = counts.get(job.rule, 0) + 1
         return counts
+
+    def planned_jobs(self) -> list[PlannedJob]:
+        """The jobs as Snakemake prints them (a dry run with ``-p`` prints every shell command)."""
+        lines = self.output.splitlines()
+        jobs = []
+        for at, line in enumerate(lines):
+            header = _JOB_HEADER.match(line)
+            if header is None:
+                continue
+            fields, at = {}, at + 1
+            while at < len(lines) and lines[at].startswith("    "):
+                key, _, value = lines[at].strip().partition(": ")
+                fields[key] = value
+                at += 1
+            shell = None
+            if at < len(lines) and lines[at].startswith("Shell command:"):
+                # "Shell command: None", a one-line command, or the lines up to a blank line.
+                shell = lines[at].removeprefix("Shell command:").strip()
+                body = []
+                while not shell and at + 1 < len(lines) and lines[at + 1].strip():
+                    at += 1
+                    body.append(lines[at].strip())
+                shell = None if shell == "None" else shell or "\n".join(body)
+            resources = dict(
+                item.split("=", 1) for item in fields.pop("resources", "").split(", ") if item
+            )
+            jobs.append(PlannedJob(header[2], header[1], fields, resources, shell))
+        return jobs
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """One job of a dry run as Snakemake prints it."""
+
+    rule: str
+    kind: str  # rule, localrule, checkpoint or localcheckpoint
+    fields: dict[str, str]  # input, output, log, jobid, reason, threads, wildcards, ...
+    resources: dict[str, str]
+    shell: str | None  # None when printed without -p (or a run:/script: job)
 
 
 class Workspace:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from snakemake_runs import RUN, TRAIN_DIR, Workspace
+from snakemake_runs import REPO, RUN, TRAIN_DIR, Workspace
 
 from lerobot_pipe.constants import (
     CHECKPOINTS_DIR,
@@ -77,16 +77,16 @@ def test_snakefmt_is_clean():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+# The jobs of a dry run of the default config (the stages up to the train checkpoint).
+DRY_RUN_JOBS = ("dataset", "validate", "train", "plot_training", "checkpoint_table", "all")
+# What a planned job is, besides its rule and shell command: not the jobid, the reason, nor the
+# threads (Snakemake caps them at --cores, which a SLURM run does not set; no command uses them).
+PLANNED = ("input", "output", "log", "wildcards")
+
+
 def test_dry_run_plans_the_stages_before_the_checkpoint(workspace):
     result = workspace.run_ok("-n")
-    assert result.jobs() == {
-        "dataset": 1,
-        "validate": 1,
-        "train": 1,
-        "plot_training": 1,
-        "checkpoint_table": 1,
-        "all": 1,
-    }
+    assert result.jobs() == dict.fromkeys(DRY_RUN_JOBS, 1)
     assert "Publishing is off" in result.output
     assert not workspace.path("results").exists()
 
@@ -100,10 +100,39 @@ def test_dry_run_with_a_dataset_root_generates_no_dataset(workspace, tmp_path):
     assert f"--dataset.root={tmp_path / 'my_dataset'}" in result.output
 
 
-@pytest.mark.parametrize("profile", ["local", "slurm"])
-def test_profiles_plan_the_same_jobs(workspace, profile):
-    result = workspace.run_ok("-n", "--profile", f"workflow/profiles/{profile}")
-    assert {"validate", "train"} <= result.jobs().keys()
+def test_profiles_plan_the_same_jobs(workspace):
+    """The local and the SLURM profile run the same jobs on the same files with the same
+    commands; the SLURM profile only adds its default sbatch resources, never overrides what a
+    rule asks for (the train job's nodes, tasks, memory and runtime)."""
+
+    def plan(profile: str) -> dict[tuple, dict[str, str]]:
+        result = workspace.run_ok("-n", "-p", "--profile", f"workflow/profiles/{profile}")
+        return {
+            (job.rule, job.kind, *(job.fields.get(k) for k in PLANNED), job.shell): job.resources
+            for job in result.planned_jobs()
+        }
+
+    local, slurm = plan("local"), plan("slurm")
+    assert {job[0] for job in local} == {*DRY_RUN_JOBS}
+    assert local.keys() == slurm.keys()
+    for job, resources in local.items():
+        assert resources.items() <= slurm[job].items(), job[0]
+    train = next(resources for job, resources in local.items() if job[0] == "train")
+    assert {"nodes", "tasks", "mem_mb", "runtime"} <= train.keys()
+
+
+def test_the_default_run_trains_the_tiny_act():
+    """The embedded default's policy is the package's tiny ACT (ACT_TINY_PRESET), the "small"
+    model of the benchmarks; only its camera backbone's settings are added."""
+    import yaml
+
+    from lerobot_pipe.policies.act import ACT_TINY_PRESET
+
+    policy = yaml.safe_load((REPO / "config/config.yaml").read_text())["train"]["policy"]
+    assert policy.pop("type") == "act"
+    assert policy.pop("vision_backbone") == "resnet18"
+    assert policy.pop("pretrained_backbone_weights") is None
+    assert policy == ACT_TINY_PRESET
 
 
 def test_publishing_switched_on_from_the_command_line(workspace):
