@@ -10,7 +10,9 @@ SLURM profile, of the job's own snakemake inside the allocation), and:
    ``srun`` + one torchrun per node, c10d rendezvous on the first node) in a process group of
    its own, resuming from the newest complete checkpoint (the one resume resolver,
    :mod:`lerobot_pipe.checkpoint.resume`: sizes here, the trainer hashes the files split across
-   its ranks), its output appended to the job's log (a resumed run's too: nothing is lost);
+   its ranks), its output appended to the run's log, every attempt's after a header of its own:
+   Snakemake deletes a job's declared log before each attempt, so that log (``--log``) is a link
+   to ``<log>-history`` (e.g. ``logs/train-history.log``), which nothing deletes;
 4. shows the trainer's progress (step, loss, samples/s, ETA, saved checkpoints), warnings and
    errors on its own stderr (the terminal snakemake runs in), from the trainer's structured
    event channel (``<output_dir>/progress.jsonl``, :mod:`lerobot_pipe.training.progress`),
@@ -310,6 +312,31 @@ def write_final_checkpoint(step_dir: Path, path: Path) -> None:
     write_json_atomic(path, read_training_step(step_dir))
 
 
+def history_path(log_path: Path) -> Path:
+    return log_path.with_name(f"{log_path.stem}-history{log_path.suffix}")
+
+
+def link_to_history(log_path: Path) -> Path:
+    """Make ``log_path`` (the job's log, which Snakemake deletes before each attempt) a relative
+    link to the run's whole log, which it never deletes; a log file an earlier version wrote
+    there is moved into the history first. Returns the history's path."""
+    history = history_path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if log_path.is_symlink():
+        if log_path.resolve() == history.resolve():
+            return history
+        log_path.unlink()
+    elif log_path.is_file():
+        with open(history, "ab") as out:
+            out.write(log_path.read_bytes())
+        log_path.unlink()
+    tmp = log_path.with_name(f".{log_path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    os.symlink(history.name, tmp)
+    os.replace(tmp, log_path)
+    return history
+
+
 def _shown(path: Path) -> Path:
     """``path`` as the user named it: relative to the working folder when it is inside it."""
     try:
@@ -345,7 +372,7 @@ def launch_train(
     if not cfg.output_dir:
         raise ConfigError("launch-train needs --output_dir")
     output_dir = Path(cfg.output_dir)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    link_to_history(log_path)
     try:
         check_run_lock(output_dir)
     except RunLockError as e:

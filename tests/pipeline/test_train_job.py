@@ -122,3 +122,21 @@ def test_a_held_run_is_refused_before_anything_is_launched(dataset_root, tmp_pat
     assert f"pid {holder.pid} on host" in log.read_text()
     assert "torchrun" not in log.read_text()
     assert not (tmp_path / "final.json").exists()
+
+
+def test_the_jobs_log_links_to_a_history_that_snakemake_never_deletes(tmp_path):
+    from lerobot_pipe.pipeline.train_job import link_to_history
+
+    log = tmp_path / "logs/train.log"
+    log.parent.mkdir()
+    log.write_text("an earlier version's log\n")
+    history = link_to_history(log)
+    assert history == tmp_path / "logs/train-history.log"
+    assert log.is_symlink() and os.readlink(log) == "train-history.log"
+    with open(log, "a") as f:
+        f.write("attempt 2\n")
+    log.unlink()  # what Snakemake does with a job's log before each attempt
+    assert link_to_history(log) == history and link_to_history(log) == history
+    with open(log, "a") as f:
+        f.write("attempt 3\n")
+    assert log.read_text() == "an earlier version's log\nattempt 2\nattempt 3\n"
