@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from tiny import WITH_SCHEDULER, run_train, tiny_act_flags
 
 import lerobot_pipe
-from lerobot_pipe.checkpoint.layout import list_complete_checkpoints
+from lerobot_pipe.checkpoint.layout import is_complete, list_complete_checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -196,11 +196,22 @@ def test_replacing_a_checkpoint_of_the_same_step_never_loses_it(
             env={"LEROBOT_PIPE_FAULT_POINT": f"{point}@4:rank0"},
             timeout=90,
         )
-    assert [p.name for p in list_complete_checkpoints(out)] == ["000002", "000004", "000006"]
+    complete = [p.name for p in list_complete_checkpoints(out)]
+    if point == "save:during_replace":  # the old step 4 is aside, complete, until the next start
+        assert complete == ["000002", "000006"]
+        assert is_complete(out / "checkpoints/.tmp-old-000004")
+    else:
+        assert complete == ["000002", "000004", "000006"]
     run_distributed(run_train, 2, ["--resume=true", *argv, "--steps=8"])
     final = load_file(out / "checkpoints/000006/pretrained_model/model.safetensors")
     assert all(torch.equal(final[k], reference["ddp"][k]) for k in final)
     assert not list((out / "checkpoints").glob(".*"))
+    assert [p.name for p in list_complete_checkpoints(out)] == [
+        "000002",
+        "000004",
+        "000006",
+        "000008",
+    ]
 
 
 @pytest.mark.parametrize(
