@@ -333,6 +333,15 @@ def apply_flags(obj: Any, flags: dict[str, Any]) -> None:
         set_field(obj, key.split("."), flags[key], key)
 
 
+def replace(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` that keeps what a config file held beyond this project's fields
+    (written back by :func:`to_dict`)."""
+    new = dataclasses.replace(obj, **changes)
+    if hasattr(obj, _EXTRA):
+        setattr(new, _EXTRA, dict(getattr(obj, _EXTRA)))
+    return new
+
+
 def from_dict(cls: type, data: dict, prefix: str = "", *, lenient: bool = False) -> Any:
     """Build dataclass ``cls`` from a JSON dict. Unknown keys fail, naming them, unless
     ``lenient`` (config files): then they are kept on the object and written back by

@@ -36,6 +36,7 @@ from lerobot_pipe.configs.parser import (
     apply_flags,
     from_dict,
     read_json,
+    replace,
     split_flags,
 )
 from lerobot_pipe.configs.train import (
@@ -299,8 +300,8 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
             ) from None
     policy = cfg.policy
     if cfg.peft is not None and not policy.use_peft:
-        policy = dataclasses.replace(policy, use_peft=True)
-    return dataclasses.replace(
+        policy = replace(policy, use_peft=True)
+    return replace(
         cfg,
         # LeRobot's rule (train_config.json then records the name).
         job_name=cfg.job_name or cfg.policy.type,
@@ -476,9 +477,9 @@ def resolve_config(cfg: TrainConfig) -> TrainConfig:
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         autocast = torch.get_autocast_dtype(device_type)
         mixed_precision = "fp16" if autocast == torch.float16 else "bf16"
-    return dataclasses.replace(
+    return replace(
         cfg,
-        accelerator=dataclasses.replace(cfg.accelerator, mixed_precision=mixed_precision),
+        accelerator=replace(cfg.accelerator, mixed_precision=mixed_precision),
         output_dir=str(cfg.output_dir or default_output_dir(cfg)),
     )
 
@@ -549,7 +550,7 @@ def plan_on_dataset(
     """The plan's last checks, those that need the dataset: the policy's features (filled in
     from the dataset) and sharding on the meta device, the backbone weights, the batch size."""
     policy, sharding = check_policy_plan(cfg, dims, dataset)
-    cfg = dataclasses.replace(cfg, policy=policy)
+    cfg = replace(cfg, policy=policy)
     check_backbone_weights(cfg, env)
     drawable = sample_indices(cfg.policy, dataset)
     n_drawable = len(dataset) if drawable is None else len(drawable)

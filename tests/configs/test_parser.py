@@ -169,3 +169,21 @@ def test_null_is_the_default_and_overrides_a_loaded_config(tmp_path):
     assert from_dict(TrainConfig, data).optimizer.betas == AdamConfig().betas
     with pytest.raises(ConfigError, match="expected an integer"):
         parse_train_config(["--steps=nul"])
+
+
+def test_resolving_a_config_keeps_the_fields_its_file_held_beyond_ours():
+    """A LeRobot 0.4.4 train_config.json's own fields (eval_freq, ...) survive validation: the
+    resolved config is a new value, and it writes them back."""
+    from lerobot_pipe.configs.parser import from_dict, to_dict
+    from lerobot_pipe.configs.train import TrainConfig
+    from lerobot_pipe.training.preflight import resolve_config
+
+    cfg = from_dict(
+        TrainConfig,
+        {"eval_freq": 20_000, "policy": {"type": "act", "use_rabc": False}, "output_dir": "o"},
+        lenient=True,
+    )
+    cfg.dataset.root = "x"
+    resolved = to_dict(resolve_config(cfg))
+    assert resolved["eval_freq"] == 20_000 and resolved["policy"]["use_rabc"] is False
+    assert resolved["job_name"] == "act" and to_dict(cfg)["job_name"] is None
