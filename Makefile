@@ -25,7 +25,12 @@ export LEROBOT_UPSTREAM_PYTHON := $(CURDIR)/$(LEROBOT_VENV)/bin/python
 export LEROBOT_UPSTREAM_044_OVERLAY := $(CURDIR)/$(LEROBOT_VENV)/overlay-0.4.4
 endif
 
-.PHONY: run unlock test lint venv lerobot-venv clean
+# lerobot_pipe on LeRobot 0.6.1's torch build (2.11.0, the CUDA wheel, which runs on the CPU too) and
+# the torchcodec that pairs with it, for bench/bench_vs_lerobot.py: the same torch on both sides.
+BENCH_VENV ?= .venv-bench
+BENCH_TORCH := torch==2.11.0 torchcodec==0.11.1
+
+.PHONY: run unlock test lint venv lerobot-venv bench-venv clean
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -45,6 +50,15 @@ $(LEROBOT_VENV)/.installed:
 	touch $@
 
 lerobot-venv: $(LEROBOT_VENV)/.installed
+
+$(BENCH_VENV)/.installed: pyproject.toml
+	@test -n "$(PY312)" || { echo "bench-venv: no Python 3.12 (pyenv install 3.12.1)"; exit 1; }
+	test -x $(BENCH_VENV)/bin/python || $(PY312) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet --no-compile $(BENCH_TORCH) -e '.[diffusion]'
+	touch $@
+
+bench-venv: $(BENCH_VENV)/.installed
 
 # A lock Snakemake left in .snakemake/locks after it was killed hard stops the next run: say what
 # to do (a failed run removes its own lock, so one still there belongs to another snakemake).

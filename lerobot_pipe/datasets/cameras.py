@@ -1,10 +1,12 @@
 """Camera frames of a LeRobot v3.0 dataset: mp4 files located by episode, or PNGs in the parquet.
 
-``read(rows)`` returns the frames of dataset rows as uint8 ``(n, 3, H, W)``. For videos the
-requests of a whole batch are grouped by file, one reader call per file (which decodes each
-distinct frame once, in file order); when one file serves the whole batch its decoder's output
-is the batch tensor, with no copy. The decoded times are checked against the requested ones
-within ``tolerance_s``. Nothing here holds state that changes what a batch contains.
+``read(rows)`` returns the frames of dataset rows as uint8 ``(n, 3, H, W)``, in any memory
+layout (torchcodec's frames are a channels-last view; ``get_batch`` makes the batch contiguous).
+For videos the requests of a whole batch are grouped by file, one reader call per file (which
+decodes each distinct frame once, in file order); when one file serves the whole batch its
+decoder's output is returned as it is, with no copy. The decoded times are checked against the
+requested ones within ``tolerance_s``. Nothing here holds state that changes what a batch
+contains.
 """
 
 from __future__ import annotations

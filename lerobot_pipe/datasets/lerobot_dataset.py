@@ -2,9 +2,10 @@
 
 Every parquet file is read once at open into contiguous numpy arrays; ``get_batch`` then
 gathers a whole batch (including delta-timestamp windows) with numpy fancy indexing, and
-decodes its camera frames batch-wise (``cameras.py``) into uint8 buffers. uint8 frames become
-float32 in [0, 1] (and are augmented) in ``prepare_cameras``, which runs after the batch is
-assembled: in the loader for CPU training, on the GPU after the copy otherwise.
+decodes its camera frames batch-wise (``cameras.py``) into contiguous uint8 NCHW buffers (the
+same layout on every backend and device, see ``_contiguous``). uint8 frames become float32 in
+[0, 1] (and are augmented) in ``prepare_cameras``, which runs after the batch is assembled: in
+the loader for CPU training, on the GPU after the copy otherwise.
 """
 
 from __future__ import annotations
@@ -355,10 +356,10 @@ class LeRobotDataset:
     ``delta_timestamps`` maps a feature key (numeric or camera) to offsets in seconds (multiples
     of 1/fps); those keys come back as windows ``(B, len(deltas), ...)`` clamped to the episode,
     with ``<key>_is_pad`` marking clamped positions. ``episodes`` restricts the dataset to those
-    episode indices. Cameras come back as float32 ``(B, [T,] 3, H, W)`` in [0, 1], as LeRobot's
-    do. ``video_backend`` (``torchcodec`` or ``pyav``; the other one when it does not load here),
-    ``tolerance_s``, ``image_transforms`` and ``use_imagenet_stats`` are LeRobot's options of the
-    same names. Every video file the episodes need is checked when the dataset opens.
+    episode indices. Cameras come back as contiguous float32 ``(B, [T,] 3, H, W)`` in [0, 1], as
+    LeRobot's do. ``video_backend`` (``torchcodec`` or ``pyav``; the other one when it does not
+    load here), ``tolerance_s``, ``image_transforms`` and ``use_imagenet_stats`` are LeRobot's
+    options of the same names. Every video file the episodes need is checked when the dataset opens.
     """
 
     def __init__(
@@ -596,10 +597,8 @@ class LeRobotDataset:
                 frames = camera.read(rows.reshape(-1))
             except CameraError as exc:
                 raise DatasetError(str(exc)) from None
-            if pin_memory:
-                frames = torch.empty_like(frames, pin_memory=True).copy_(frames)
             shape = (len(idx),) if offsets is None else (len(idx), len(offsets))
-            batch[key] = frames.view(*shape, *self.camera_shapes[key])
+            batch[key] = _contiguous(frames, pin_memory).view(*shape, *self.camera_shapes[key])
         if not raw_cameras:
             batch = self.prepare_cameras(batch, sample_keys)
         return batch
@@ -627,6 +626,23 @@ class LeRobotDataset:
                 frames = self.image_transforms(frames, np.asarray(sample_keys), stream)
             out[key] = frames
         return out
+
+
+def _contiguous(frames: torch.Tensor, pin_memory: bool) -> torch.Tensor:
+    """uint8 frames as one contiguous NCHW buffer, page-locked when ``pin_memory``.
+
+    The policy gets camera batches in the layout of its (NCHW) weights, as LeRobot's loader
+    hands them, whatever the decoder returned: torchcodec's ``(n, 3, H, W)`` frames are a
+    permuted view of the NHWC frames it decodes, and on a CPU the backbone's convolutions run
+    12-18 % slower on such channels-last input (ResNet-18 forward + backward at 96x96,
+    bench/bench_memory_format.py, which also measures it on CUDA in bf16 when a GPU is lent;
+    until then GPUs get the same NCHW). The copy is made here, on uint8 (a quarter of the float
+    bytes), fused with the pinning copy when there is one; frames already contiguous (PyAV's,
+    PNG images', those of several files gathered into one buffer) are not copied."""
+    if frames.is_contiguous() and not pin_memory:
+        return frames
+    out = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=pin_memory)
+    return out.copy_(frames)
 
 
 def _image_bytes(column: pa.ChunkedArray, path: Path, key: str) -> pa.Array:

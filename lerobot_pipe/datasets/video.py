@@ -228,7 +228,9 @@ class TorchCodecReader:
         self.num_frames = int(metadata.num_frames or 0)
 
     def frames_at(self, indices: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        # torchcodec sorts the indices and decodes each distinct frame once.
+        # torchcodec sorts the indices and decodes each distinct frame once. Its NCHW frames
+        # are a permuted view of the NHWC ones it decodes (channels-last strides): the batch is
+        # made contiguous once, where it is assembled (LeRobotDataset.get_batch).
         batch = self._decoder.get_frames_at(indices=indices.tolist())
         return batch.data, batch.pts_seconds.numpy()
 

@@ -106,3 +106,65 @@ def test_cuda_batches_arrive_as_float_on_the_device(camera_root: Path) -> None:
             for key, value in expected.items():
                 assert batch[key].device.type == "cuda"
                 torch.testing.assert_close(batch[key].cpu(), value, rtol=0, atol=1e-6)
+
+
+CAMERA_SOURCES = ["torchcodec", "pyav", "image"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("source", CAMERA_SOURCES)
+def test_cameras_reach_the_policy_as_contiguous_nchw(
+    camera_root: Path, image_root: Path, source: str, num_workers: int
+) -> None:
+    """The camera frames the policy's backbone convolves are contiguous NCHW on every backend:
+    torchcodec's frames are a channels-last view of what it decodes, and on a CPU the
+    convolutions run 12-18 % slower on them (issue 19, bench/bench_memory_format.py)."""
+    from lerobot_pipe.policies.act import ACT_TINY_PRESET, ACTConfig
+    from lerobot_pipe.policies.factory import make_policy
+    from lerobot_pipe.processors import make_pre_post_processors
+
+    cfg = ACTConfig(**{**ACT_TINY_PRESET, "pretrained_backbone_weights": None})
+    fps = 10
+    deltas = {"action": [i / fps for i in cfg.action_delta_indices]}
+    if source == "image":
+        ds = LeRobotDataset(image_root, delta_timestamps=deltas)
+    else:
+        ds = LeRobotDataset(camera_root, delta_timestamps=deltas, video_backend=source)
+        assert ds.video_backend == source
+    assert ds.fps == fps and len(ds.camera_keys) == 2
+    # A window of frames too (Diffusion's observation steps), from a second dataset.
+    windows = LeRobotDataset(
+        image_root if source == "image" else camera_root,
+        delta_timestamps={key: [-0.1, 0.0] for key in ds.camera_keys},
+        video_backend=None if source == "image" else source,
+    )
+    assert windows.get_batch([0, 5, 7], raw_cameras=True)[ds.camera_keys[0]].is_contiguous()
+    torch.manual_seed(0)
+    policy = make_policy(cfg, ds.features)
+    pre, _ = make_pre_post_processors(cfg, dataset_stats=ds.stats)
+    seen: list[torch.Tensor] = []
+    policy.model.backbone.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    sampler = GlobalBatchSampler(len(ds), 4, 0, 1, seed=2)
+    with BatchPrefetcher(ds, sampler, num_workers) as prefetcher:
+        for _ in range(2):
+            batch = prefetcher.next()
+            for key in ds.camera_keys:
+                assert batch[key].shape == (4, 3, 64, 64) and batch[key].is_contiguous(), key
+            policy(pre(batch))
+    assert len(seen) == 2 and all(x.shape == (8, 3, 64, 64) and x.is_contiguous() for x in seen)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("source", CAMERA_SOURCES)
+def test_cuda_camera_batches_are_contiguous_nchw(
+    camera_root: Path, image_root: Path, source: str
+) -> None:
+    """On a GPU the frames travel as pinned uint8 and are finished there, in the same layout."""
+    if source == "image":
+        ds = LeRobotDataset(image_root)
+    else:
+        ds = LeRobotDataset(camera_root, video_backend=source)
+    with BatchPrefetcher(ds, GlobalBatchSampler(len(ds), 4, 0, 1, seed=2), 1, device="cuda") as p:
+        batch = p.next()
+    for key in ds.camera_keys:
+        assert batch[key].device.type == "cuda" and batch[key].is_contiguous(), key

@@ -177,6 +177,8 @@ def test_random_crops_per_sample_and_camera_centre_in_eval() -> None:
     crop = encoder._crop(frames, offsets[:3, 0])
     for i, (top, left) in enumerate(offsets[:3, 0].tolist()):
         assert torch.equal(crop[i], frames[i, :, top : top + 20, left : left + 24])
+    # The backbone's layout, not channels-last (slower convolutions on a CPU; issue 19).
+    assert crop.shape == (3, 3, 20, 24) and crop.is_contiguous()
     model.eval()
     assert model._crop_offsets(keys, HW) is None
     assert torch.equal(encoder._crop(frames, None), frames[:, :, 14:34, 12:36])
