@@ -82,7 +82,7 @@ def dataset_flags():
 
 
 def train_flags():
-    """The run's lerobot-train flags, resume flags aside, quoted for the shell.
+    """The run's lerobot-train flags, resume flags aside.
 
     validate and train both use them, so validate checks exactly what train launches.
     """
@@ -92,7 +92,21 @@ def train_flags():
         "output_dir": TRAIN_DIR,
         "job_name": RUN,
     }
-    return " ".join(shlex.quote(flag) for flag in dotted_flags(flags))
+    return list(dotted_flags(flags))
+
+
+def flag_params(*flags):
+    """Command-line flags as a rule's params, one named param per flag, each quoted for the
+    shell: `{params}` is the whole argument list, `{params.output_dir}` one flag.
+
+    One param per flag because Snakemake compares params value by value: after a config change
+    its "Params have changed" reason then names the flags that changed (before: '--steps=60'
+    now: '--steps=80'), where a single param holding every flag printed the whole list twice.
+    """
+    return {
+        flag.split("=", 1)[0].removeprefix("--").replace(".", "__"): shlex.quote(flag)
+        for flag in flags
+    }
 
 
 def dataset_input(wildcards):
