@@ -1,5 +1,6 @@
 # Paths, the lerobot-train flags of the run, and the checkpoint steps training produced.
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ STEP_DIR = f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/{{step}}"
 # Written last into a step folder: its presence marks a complete checkpoint.
 STEP_FILE = f"{STEP_DIR}/{TRAINING_STATE_DIR}/{TRAINING_STEP}"
 METRICS = f"{TRAIN_DIR}/metrics.jsonl"
+# `--report-metadata`: the report then opens on workflow/report/workflow.rst (see make report).
+REPORT_METADATA = "workflow/report/metadata.yaml"
 
 USE_SYNTHETIC_DATASET = not (config["dataset"]["root"] or config["dataset"]["repo_id"])
 PUBLISHING = bool(config["hub_repo_id"])
@@ -156,7 +159,8 @@ def print_results():
     if steps:
         link = f"; last -> {last.readlink()}" if last.is_symlink() else ""
         lines.append(
-            f"  checkpoints  {TRAIN_DIR}/{CHECKPOINTS_DIR}/ ({', '.join(steps)}{link})"
+            f"  checkpoints  {TRAIN_DIR}/{CHECKPOINTS_DIR}/ ({', '.join(steps)}{link}; "
+            f"{checkpoints_size()})"
         )
     converted = sorted(
         p.parent.name
@@ -175,6 +179,45 @@ def print_results():
         )
     lines += [
         f"  logs         {RESULTS}/logs/ (training: {RESULTS}/logs/train.log)",
-        "  report       snakemake --report report.html (loss, throughput, checkpoint table)",
+        f"  report       `{report_command()}` writes {RESULTS}/report.html (loss, "
+        "throughput, checkpoint table)",
     ]
     logger.info("\n".join(lines))
+
+
+def checkpoints_size():
+    """Their size on disk, and the key that bounds it while it is unbounded."""
+    folder = Path(TRAIN_DIR, CHECKPOINTS_DIR)
+    size = sum(
+        p.stat().st_size
+        for p in folder.rglob("*")
+        if p.is_file() and not p.is_symlink()
+    )
+    text = f"{size / 1e6:,.0f} MB"
+    if not config["train"].get("checkpoint_keep_last"):
+        text += "; train.checkpoint_keep_last: N keeps only the newest N"
+    return text
+
+
+def report_command():
+    """The command that writes this run's report into RESULTS: `make report` for the run of
+    config/config.yaml alone, else snakemake with this run's --configfile and --config.
+    """
+    configfiles = [
+        os.path.relpath(path) for path in workflow.config_settings.configfiles
+    ]
+    overrides = list(workflow.config_settings.config_args or [])
+    if not overrides and configfiles in ([], ["config/config.yaml"]):
+        return "make report"
+    args = ["--configfile", *configfiles] if configfiles else []
+    args += ["--config", *overrides] if overrides else []
+    return shlex.join(
+        [
+            "snakemake",
+            "--report",
+            f"{RESULTS}/report.html",
+            "--report-metadata",
+            REPORT_METADATA,
+            *args,
+        ]
+    )
