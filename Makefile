@@ -1,10 +1,23 @@
-# Two commands for a newcomer: `make run` (the pipeline on the embedded default) and `make test`;
-# `make unlock` after a snakemake was killed hard, `make lint` before a commit.
-# Each creates the virtual environment on first use (CPU build of torch, pinned in constraints-cpu.txt).
+# A newcomer's commands (README "Getting started"): `make run` (the pipeline on the embedded default),
+# `make report` (its HTML report, written to results/<run>/report.html), `make test-fast` (the
+# quick tier) and `make test` (the whole suite); `make unlock` after a snakemake was killed hard,
+# `make lint` before a commit, `make gpu-check` on a GPU machine. Each creates the virtual
+# environment on first use (torch's version is pinned in constraints-cpu.txt, its build comes
+# from TORCH_INDEX).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CORES ?= 2
 PYTEST_ARGS ?=
+# The project's extras installed into $(VENV); add `diffusion` for Diffusion Policy's schedulers
+# (README "Installing for real hardware"; `make slurm-plugin` adds the SLURM executor plugin).
+EXTRAS ?= pipeline,dev,torchcodec
+# PyTorch's wheel index for torch and torchcodec: the CPU build by default (a 190 MB download
+# instead of the ~3 GB of CUDA libraries that PyPI's torch pulls); .../whl/cu128 and the like on
+# a CUDA machine; empty: PyPI's. Where it cannot be reached, pip warns and takes them from the
+# other indexes.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# The run that `make report` reports on: config/config.yaml's `run` (results/<run>/).
+RUN ?= $(shell $(PY) -c "import yaml; print(yaml.safe_load(open('config/config.yaml'))['run'])")
 
 # Released LeRobot for the interop suite (tests/interop), in its own venv: 0.6.1 needs Python 3.12
 # and its own torch (the CUDA wheel, ~5 GB, runs on the CPU). LeRobot 0.4.4 runs on that same
@@ -30,15 +43,30 @@ endif
 BENCH_VENV ?= .venv-bench
 BENCH_TORCH := torch==2.11.0 torchcodec==0.11.1
 
-.PHONY: run unlock test lint venv lerobot-venv bench-venv clean
+# The venv's console scripts (snakemake, lerobot-train, lerobot-pipe) first on PATH, as after
+# `source .venv/bin/activate`; one thread per training process.
+VENV_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" OMP_NUM_THREADS=1
 
+.PHONY: run report unlock test test-fast lint gpu-check venv slurm-plugin lerobot-venv bench-venv clean
+
+# torch and torchcodec first, from TORCH_INDEX (only they: --no-deps, their dependencies come with
+# the second install, from the usual indexes).
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[pipeline,dev,torchcodec]'
+	$(PY) -m pip install --quiet --retries 1 --no-deps -c constraints-cpu.txt \
+		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch \
+		$(if $(findstring torchcodec,$(EXTRAS)),torchcodec)
+	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[$(EXTRAS)]'
 	touch $@
 
 venv: $(VENV)/.installed
+
+# The SLURM executor plugin, for `snakemake --profile workflow/profiles/slurm`; not in the default
+# venv: Snakemake imports every installed executor plugin at each start, and this one then runs
+# `scontrol show config`, ~9 s wherever SLURM's tools are installed but no controller answers.
+slurm-plugin: $(VENV)/.installed
+	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[slurm]'
 
 $(LEROBOT_VENV)/.installed:
 	@test -n "$(PY312)" || { echo "lerobot-venv: no Python 3.12 (pyenv install 3.12.1)"; exit 1; }
@@ -63,10 +91,17 @@ bench-venv: $(BENCH_VENV)/.installed
 # A lock Snakemake left in .snakemake/locks after it was killed hard stops the next run: say what
 # to do (a failed run removes its own lock, so one still there belongs to another snakemake).
 run: $(VENV)/.installed
-	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" OMP_NUM_THREADS=1 $(VENV)/bin/snakemake --cores $(CORES) \
+	@$(VENV_ENV) $(VENV)/bin/snakemake --cores $(CORES) \
 	|| { status=$$?; if [ -n "$$(ls -A .snakemake/locks 2>/dev/null)" ]; then \
 	echo "make run: Snakemake's lock is in .snakemake/locks. If no other snakemake runs in this" \
 	"folder (one was killed hard), run: make unlock && make run" >&2; fi; exit $$status; }
+
+# Snakemake's HTML report of the run, beside its results; it opens on the loss and throughput
+# figures and the checkpoint table (workflow/report/workflow.rst, shown as the landing page
+# because workflow/report/metadata.yaml is given).
+report: $(VENV)/.installed
+	$(VENV_ENV) $(VENV)/bin/snakemake --report results/$(RUN)/report.html \
+		--report-metadata workflow/report/metadata.yaml
 
 # snakemake --unlock, refused while a trainer still holds a run folder of results/ (its run lock).
 unlock: $(VENV)/.installed
@@ -75,14 +110,26 @@ unlock: $(VENV)/.installed
 	$(VENV)/bin/snakemake --unlock
 
 test: $(VENV)/.installed $(UPSTREAM)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" OMP_NUM_THREADS=1 $(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV_ENV) $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The quick tier (pytest --tier=fast, tests/conftest.py: no test marked slow, interop or slurm;
+# tests/test_fast_tier.py checks that it still imports every module of lerobot_pipe). Never
+# builds LeRobot's venv; prints its own wall time (CI's log shows it).
+test-fast: $(VENV)/.installed
+	@start=$$(date +%s); $(VENV_ENV) $(VENV)/bin/pytest --tier=fast $(PYTEST_ARGS); \
+	status=$$?; echo "make test-fast: $$(( $$(date +%s) - start )) s, exit status $$status"; \
+	exit $$status
+
+# bench/gpu_smoke.py on this machine's GPU: nccl, bf16 training, a resume; prints what it verified.
+gpu-check: $(VENV)/.installed
+	$(VENV_ENV) $(PY) bench/gpu_smoke.py
 
 # The linters CI runs before the tests: ruff (lint and format), snakefmt, snakemake --lint.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakefmt --check Snakefile workflow/
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --lint
+	$(VENV_ENV) $(VENV)/bin/snakefmt --check Snakefile workflow/
+	$(VENV_ENV) $(VENV)/bin/snakemake --lint
 
 clean:
 	rm -rf results .snakemake

@@ -1,10 +1,12 @@
 """GPU smoke test (<= 5 min): nccl, a bf16 single-GPU lerobot-train run, a resume, samples/s.
 
+    make gpu-check                         # the same as the next line, in the project's venv
     python bench/gpu_smoke.py              # on a machine with a CUDA GPU and a CUDA build of torch
     python bench/gpu_smoke.py --dry-run    # anywhere (CPU): builds and checks every command
 
 Steps (each failure exits non-zero with the reason):
-  1. CUDA and nccl are available; a 1-process ``torchrun`` runs an nccl all_reduce on the GPU;
+  1. CUDA and nccl are available; a ``torchrun`` with one process per visible GPU runs an nccl
+     all_reduce across them;
   2. ``lerobot-pipe make-dataset`` writes a synthetic dataset into a temporary folder;
   3. ``torchrun --standalone --nproc-per-node=1 lerobot-train ... --accelerator.mixed_precision=bf16
      --parallelism.dp_shard=1`` trains ACT (LeRobot's default size: dim_model 512, chunk 100)
@@ -14,6 +16,7 @@ Steps (each failure exits non-zero with the reason):
      from the last checkpoint, saving in the background;
   5. checks: every checkpoint is complete, the log records are finite and continue after the
      resumed step, the run said it used cuda; prints samples/s of each run.
+At the end it lists what it verified.
 ``--dry-run`` skips the GPU steps: it prints every command, writes the dataset and runs
 ``lerobot-pipe validate`` on the training flags (lerobot-train's own parsing and checks).
 ``--cpu-rehearsal`` runs steps 2-5 for real on CPU with a tiny ACT (bf16 autocast on CPU), to
@@ -42,7 +45,9 @@ x = torch.ones(4, device="cuda")
 dist.all_reduce(x)
 torch.cuda.synchronize()
 assert x.tolist() == [float(dist.get_world_size())] * 4, x
-print("nccl all_reduce ok on", torch.cuda.get_device_name(), "nccl", torch.cuda.nccl.version())
+if dist.get_rank() == 0:
+    print("nccl all_reduce ok across", dist.get_world_size(), "x", torch.cuda.get_device_name(),
+          "nccl", torch.cuda.nccl.version())
 dist.destroy_process_group()
 """
 
@@ -60,9 +65,16 @@ def _console(name: str, module: str) -> list[str]:
     return [found] if found else [sys.executable, "-m", module]
 
 
-def _torchrun(target: list[str]) -> list[str]:
-    """torchrun for one process; ``target`` is a script path (+ args) or ``-m module`` (+ args)."""
-    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+def _torchrun(target: list[str], nproc: int = 1) -> list[str]:
+    """torchrun for ``nproc`` processes; ``target`` is a script path (+ args) or ``-m module``
+    (+ args)."""
+    base = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+    ]
     if target[0] == sys.executable and target[1] == "-m":  # python -m module -> torchrun -m module
         return base + ["-m", *target[2:]]
     return base + target
@@ -114,25 +126,30 @@ def train_flags(dataset: Path, output: Path, steps: int, batch: int, tiny: bool)
     ]
 
 
-def check_environment(dry_run: bool) -> None:
+def check_environment(dry_run: bool) -> tuple[int, str]:
+    """The number of visible GPUs and what was found, or SmokeFailure."""
     import torch
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
     nccl = dist.is_available() and dist.is_nccl_available()
     print(f"torch {torch.__version__}; cuda available: {cuda}; nccl available: {nccl}")
+    found = f"torch {torch.__version__} (CUDA {torch.version.cuda})"
     if cuda:
+        found += f", {torch.cuda.device_count()} x {torch.cuda.get_device_name()} with bf16"
         print(
-            f"GPU: {torch.cuda.get_device_name()}, bf16 supported: {torch.cuda.is_bf16_supported()}"
+            f"GPU: {torch.cuda.get_device_name()} x {torch.cuda.device_count()}, "
+            f"bf16 supported: {torch.cuda.is_bf16_supported()}"
         )
     if dry_run:
-        return
+        return 0, found
     if not cuda:
         raise SmokeFailure("CUDA is not available (a CPU build of torch, or no GPU visible)")
     if not nccl:
         raise SmokeFailure("torch.distributed reports no nccl backend")
     if not torch.cuda.is_bf16_supported():
         raise SmokeFailure("this GPU does not support bf16")
+    return torch.cuda.device_count(), found
 
 
 def check_metrics(output: Path, expect_last: int, resumed_at: int | None) -> list[dict]:
@@ -208,8 +225,11 @@ def main() -> int:
         "--checkpoint_async=true",  # the resumed run saves in the background (pinned staging)
     ]
     t_start = time.perf_counter()
+    verified: list[str] = []
     try:
-        check_environment(args.dry_run or args.cpu_rehearsal)
+        gpus, found = check_environment(args.dry_run or args.cpu_rehearsal)
+        if gpus:
+            verified.append(f"CUDA and nccl: {found}")
         _run(
             [
                 *pipe,
@@ -229,7 +249,7 @@ def main() -> int:
             )
             print("\n[dry-run] would run:")
             nccl_script = tmp / "nccl_check.py"
-            print("  " + " ".join(_torchrun([str(nccl_script)])))
+            print("  " + " ".join(_torchrun([str(nccl_script)], nproc=max(gpus, 1))))
             print("  " + " ".join(_torchrun([*trainer, *first])))
             print("  " + " ".join(_torchrun([*trainer, *second])))
             print("\ngpu_smoke dry run OK (commands built, dataset written, train flags valid)")
@@ -238,7 +258,8 @@ def main() -> int:
         if not args.cpu_rehearsal:
             nccl_script = tmp / "nccl_check.py"
             nccl_script.write_text(NCCL_CHECK)
-            _run(_torchrun([str(nccl_script)]), "nccl all_reduce", args.timeout)
+            _run(_torchrun([str(nccl_script)], nproc=gpus), "nccl all_reduce", args.timeout)
+            verified.append(f"an nccl all_reduce across {gpus} process(es), one per GPU")
 
         out1 = _run(
             _torchrun([*trainer, *first]), "lerobot-train (bf16)", args.timeout, tmp / "train1.log"
@@ -248,6 +269,10 @@ def main() -> int:
             raise SmokeFailure(f"lerobot-train did not report {device!r} in its banner")
         rec1 = check_metrics(output, steps, None)
         check_checkpoints(output, sorted({steps // 2, steps}), steps)
+        verified.append(
+            f"lerobot-train on {device}: {steps} bf16 steps of ACT, finite loss and grad norm, "
+            f"complete checkpoints at steps {sorted({steps // 2, steps})}"
+        )
 
         out2 = _run(
             _torchrun([*trainer, *second]),
@@ -259,13 +284,19 @@ def main() -> int:
             raise SmokeFailure("the resumed run did not report resuming from the checkpoint")
         rec2 = check_metrics(output, resumed_steps, steps)
         check_checkpoints(output, sorted({steps // 2, steps, resumed_steps}), resumed_steps)
+        verified.append(
+            f"--resume=true from step {steps} to {resumed_steps} with background checkpoints "
+            "(--checkpoint_async=true), `last` on the newest"
+        )
         loss_end1 = next(r["loss"] for r in reversed(rec1) if r["step"] <= steps)
         print(
             f"\nsamples/s: first run {rate(rec1, 0):,.0f}, resumed run {rate(rec2, steps):,.0f} "
             f"(batch {args.batch}, bf16, {'CPU rehearsal' if args.cpu_rehearsal else '1 GPU'}); loss {rec1[0]['loss']:.3f} -> {loss_end1:.3f} "
             f"-> {rec2[-1]['loss']:.3f}; total {time.perf_counter() - t_start:.0f}s"
         )
-        print("gpu_smoke OK")
+        print("gpu_smoke OK; verified:")
+        for line in verified:
+            print(f"  - {line}")
         return 0
     except SmokeFailure as e:
         args.keep = any(tmp.iterdir())  # keep the logs of a failed run

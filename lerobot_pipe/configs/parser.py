@@ -287,6 +287,32 @@ def _new_group(cls: type, prefix: str, first_key: str) -> Any:
     return cls()
 
 
+def _is_dict(tp: Any) -> bool:
+    inner, _ = _unwrap_optional(tp)
+    return inner is dict or typing.get_origin(inner) is dict
+
+
+def _set_dict_key(obj: Any, name: str, tp: Any, keys: list[str], raw: Any, flag: str) -> None:
+    """``--env.type=pusht`` into a JSON-object field, as ``--env='{"type": "pusht"}'`` would
+    set it (LeRobot's users type both). A field of ``dict[str, Any]`` nests by the dots
+    (``--env.task.x=1``); one of typed values takes the rest of the flag as one key, since the
+    keys are LeRobot feature names holding dots (``--rename_map.observation.images.cam=...``)."""
+    inner, _ = _unwrap_optional(tp)
+    _, value_type = typing.get_args(inner) or (str, Any)
+    current = getattr(obj, name)
+    mapping = dict(current) if isinstance(current, dict) else {}
+    if value_type is not Any:
+        mapping[".".join(keys)] = None if is_null(raw) else convert_value(raw, value_type, flag)
+    else:
+        level = mapping
+        for key in keys[:-1]:
+            child = level.get(key)
+            level[key] = dict(child) if isinstance(child, dict) else {}
+            level = level[key]
+        level[keys[-1]] = None if is_null(raw) else convert_value(raw, Any, flag)
+    setattr(obj, name, mapping)
+
+
 def set_field(obj: Any, path: list[str], raw: Any, flag: str, prefix: str = "") -> None:
     """Set ``obj.<path>`` from ``raw``, descending into nested dataclasses."""
     fields = _fields(type(obj))
@@ -297,6 +323,9 @@ def set_field(obj: Any, path: list[str], raw: Any, flag: str, prefix: str = "") 
     tp = types_[name]
     group = _dataclass_type(tp)
     if len(path) > 1:
+        if _is_dict(tp):
+            _set_dict_key(obj, name, tp, path[1:], raw, flag)
+            return
         if group is None:
             raise ConfigError(f"--{flag}: {prefix}{name} has no sub-option {'.'.join(path[1:])}")
         current = getattr(obj, name)

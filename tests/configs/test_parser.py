@@ -9,7 +9,7 @@ import pytest
 from lerobot_pipe.configs.optim import AdamConfig
 from lerobot_pipe.configs.parser import ConfigError, from_dict, split_flags, to_dict
 from lerobot_pipe.configs.train import TrainConfig
-from lerobot_pipe.training.preflight import parse_train_config
+from lerobot_pipe.training.preflight import parse_train_config, validate_config
 
 
 def test_split_flags_forms():
@@ -100,7 +100,6 @@ def test_lerobot_int_flags_read_as_bools():
 def test_optimizer_flags_are_replaced_by_the_preset_with_a_warning(caplog):
     """LeRobot's rule (use_policy_training_preset=true): --optimizer.* gives way to the policy's
     preset; LeRobot does it silently, we say so."""
-    from lerobot_pipe.training.preflight import validate_config
 
     argv = ["--policy.type=act", "--policy.optimizer_lr=0.002", "--dataset.root=x"]
     cfg, _ = parse_train_config([*argv, "--optimizer.type=adamw", "--optimizer.lr=0.5"])
@@ -187,3 +186,37 @@ def test_resolving_a_config_keeps_the_fields_its_file_held_beyond_ours():
     resolved = to_dict(resolve_config(cfg))
     assert resolved["eval_freq"] == 20_000 and resolved["policy"]["use_rabc"] is False
     assert resolved["job_name"] == "act" and to_dict(cfg)["job_name"] is None
+
+
+@pytest.mark.parametrize(
+    ("dotted", "as_json", "field"),
+    [
+        (["--env.type=pusht"], ['--env={"type": "pusht"}'], "env"),
+        (["--reward_model.type=x"], ['--reward_model={"type": "x"}'], "reward_model"),
+        (["--sample_weighting.type=x"], ['--sample_weighting={"type": "x"}'], "sample_weighting"),
+    ],
+)
+def test_dotted_flag_into_a_json_field_reads_as_its_json_form(dotted, as_json, field):
+    """LeRobot's users type --env.type=pusht; it gets the same value, and so the same message,
+    as --env='{"type": "pusht"}' (not "env has no sub-option type")."""
+    messages = []
+    for flags in (dotted, as_json):
+        cfg, _ = parse_train_config(["--policy.type=act", "--dataset.root=x", *flags])
+        assert getattr(cfg, field) == {"type": "pusht" if field == "env" else "x"}
+        with pytest.raises(ConfigError) as err:
+            validate_config(cfg)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1] and messages[0].startswith(f"--{field}: ")
+
+
+def test_dotted_flags_into_json_fields_nest_or_keep_feature_names():
+    cfg, _ = parse_train_config(
+        [
+            "--policy.type=act",
+            '--env={"type": "aloha"}',
+            "--env.task.episode_length=400",
+            "--rename_map.observation.images.cam=observation.images.top",
+        ]
+    )
+    assert cfg.env == {"type": "aloha", "task": {"episode_length": 400}}
+    assert cfg.rename_map == {"observation.images.cam": "observation.images.top"}

@@ -26,7 +26,7 @@ CAMERAS = ("observation.images.top", "observation.images.wrist")
 BATCH, HW, STATE_DIM, ENV_DIM, ACTION_DIM = 2, (64, 64), 3, 5, 2
 RESNETS = {"resnet18": False, "resnet50_dilated": True}
 
-pytestmark = pytest.mark.skipif(UPSTREAM is None, reason=WHY_NOT)
+pytestmark = [pytest.mark.interop, pytest.mark.skipif(UPSTREAM is None, reason=WHY_NOT)]
 
 
 def camera_config() -> ACTConfig:

@@ -55,7 +55,7 @@ VARIANTS = {
     ),
 }
 
-pytestmark = pytest.mark.skipif(UPSTREAM is None, reason=WHY_NOT)
+pytestmark = [pytest.mark.interop, pytest.mark.skipif(UPSTREAM is None, reason=WHY_NOT)]
 
 
 def features(cameras, env: bool) -> tuple[dict, dict]:

@@ -104,6 +104,7 @@ CASES = [
         "--peft.method_type='MISS': choose one of LORA",
     ),
     ("sim-env", ['--env={"type": "aloha"}'], {}, "--env: simulation environments are not run"),
+    ("sim-env-dotted", ["--env.type=pusht"], {}, "--env: simulation environments are not run"),
     ("rename-without-pretrained", ['--rename_map={"a": "b"}'], {}, "--rename_map renames"),
     ("workers-negative", ["--num_workers=-1"], {}, "--num_workers=-1: must be >= 0"),
     ("push-without-repo", ["--policy.push_to_hub=true"], {}, "needs --policy.repo_id"),

@@ -53,8 +53,10 @@ def test_second_run_has_nothing_to_do(default_run):
 
 def test_report_has_the_figures_and_the_checkpoint_table(default_run, tmp_path):
     run = default_run.clone(tmp_path / "repo")
-    run.run_ok("--report", "report.html")
-    report = run.path("report.html").read_text()
+    run.run_ok(
+        "--report", f"{RUN}/report.html", "--report-metadata", "workflow/report/metadata.yaml"
+    )
+    report = run.path(f"{RUN}/report.html").read_text()
     for name in ("loss.svg", "throughput.svg", "checkpoints.html"):
         assert name in report
 

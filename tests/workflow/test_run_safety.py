@@ -161,7 +161,7 @@ def test_training_progress_and_the_results_reach_the_terminal(default_run):
     text = "\n".join(output)
     assert "Results of run 'default', in results/default/:" in text
     assert "results/default/converted/<step>/pretrained_model/ (000020, 000040, 000060)" in text
-    assert "snakemake --report report.html" in text
+    assert "`make report` writes results/default/report.html" in text
 
 
 def test_nothing_left_to_train_launches_nothing(default_run, tmp_path):

@@ -5,6 +5,7 @@ Skipped where no cluster answers, except under CI=true, where that is a failure.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -16,7 +17,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 
 def slurm_node_ready() -> str | None:
-    """None when a SLURM node is up, else why not."""
+    """None when a SLURM node is up and Snakemake has its SLURM executor, else why not."""
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        return "the SLURM executor plugin is not installed: make slurm-plugin"
     if shutil.which("sinfo") is None:
         return "sinfo not found: SLURM is not installed (.ci/slurm.sh install)"
     try:

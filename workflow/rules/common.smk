@@ -1,5 +1,6 @@
 # Paths, the lerobot-train flags of the run, and the checkpoint steps training produced.
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ STEP_DIR = f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/{{step}}"
 # Written last into a step folder: its presence marks a complete checkpoint.
 STEP_FILE = f"{STEP_DIR}/{TRAINING_STATE_DIR}/{TRAINING_STEP}"
 METRICS = f"{TRAIN_DIR}/metrics.jsonl"
+# `--report-metadata`: the report then opens on workflow/report/workflow.rst (see make report).
+REPORT_METADATA = "workflow/report/metadata.yaml"
 
 USE_SYNTHETIC_DATASET = not (config["dataset"]["root"] or config["dataset"]["repo_id"])
 PUBLISHING = bool(config["hub_repo_id"])
@@ -83,7 +86,7 @@ def dataset_flags():
 
 
 def train_flags():
-    """The run's lerobot-train flags, resume flags aside, quoted for the shell.
+    """The run's lerobot-train flags, resume flags aside.
 
     validate and train both use them, so validate checks exactly what train launches.
     """
@@ -93,7 +96,21 @@ def train_flags():
         "output_dir": TRAIN_DIR,
         "job_name": RUN,
     }
-    return " ".join(shlex.quote(flag) for flag in dotted_flags(flags))
+    return list(dotted_flags(flags))
+
+
+def flag_params(*flags):
+    """Command-line flags as a rule's params, one named param per flag, each quoted for the
+    shell: `{params}` is the whole argument list, `{params.output_dir}` one flag.
+
+    One param per flag because Snakemake compares params value by value: after a config change
+    its "Params have changed" reason then names the flags that changed (before: '--steps=60'
+    now: '--steps=80'), where a single param holding every flag printed the whole list twice.
+    """
+    return {
+        flag.split("=", 1)[0].removeprefix("--").replace(".", "__"): shlex.quote(flag)
+        for flag in flags
+    }
 
 
 def dataset_input(wildcards):
@@ -140,7 +157,8 @@ def print_results():
     if steps:
         link = f"; last -> {last.readlink()}" if last.is_symlink() else ""
         lines.append(
-            f"  checkpoints  {TRAIN_DIR}/{CHECKPOINTS_DIR}/ ({', '.join(steps)}{link})"
+            f"  checkpoints  {TRAIN_DIR}/{CHECKPOINTS_DIR}/ ({', '.join(steps)}{link}; "
+            f"{checkpoints_size()})"
         )
     converted = sorted(
         p.parent.name
@@ -159,6 +177,45 @@ def print_results():
         )
     lines += [
         f"  logs         {RESULTS}/logs/ (training: {RESULTS}/logs/train.log)",
-        "  report       snakemake --report report.html (loss, throughput, checkpoint table)",
+        f"  report       `{report_command()}` writes {RESULTS}/report.html (loss, "
+        "throughput, checkpoint table)",
     ]
     logger.info("\n".join(lines))
+
+
+def checkpoints_size():
+    """Their size on disk, and the key that bounds it while it is unbounded."""
+    folder = Path(TRAIN_DIR, CHECKPOINTS_DIR)
+    size = sum(
+        p.stat().st_size
+        for p in folder.rglob("*")
+        if p.is_file() and not p.is_symlink()
+    )
+    text = f"{size / 1e6:,.0f} MB"
+    if not config["train"].get("checkpoint_keep_last"):
+        text += "; train.checkpoint_keep_last: N keeps only the newest N"
+    return text
+
+
+def report_command():
+    """The command that writes this run's report into RESULTS: `make report` for the run of
+    config/config.yaml alone, else snakemake with this run's --configfile and --config.
+    """
+    configfiles = [
+        os.path.relpath(path) for path in workflow.config_settings.configfiles
+    ]
+    overrides = list(workflow.config_settings.config_args or [])
+    if not overrides and configfiles in ([], ["config/config.yaml"]):
+        return "make report"
+    args = ["--configfile", *configfiles] if configfiles else []
+    args += ["--config", *overrides] if overrides else []
+    return shlex.join(
+        [
+            "snakemake",
+            "--report",
+            f"{RESULTS}/report.html",
+            "--report-metadata",
+            REPORT_METADATA,
+            *args,
+        ]
+    )

@@ -46,10 +46,13 @@ checkpoint train:
     resources:
         **train_resources(),
     params:
-        flags=train_flags(),
-        nproc_per_node=config["launch"]["nproc_per_node"],
-        nnodes=config["launch"]["nnodes"],
-        rdzv_port=config["launch"]["rdzv_port"],
+        # lerobot-pipe launch-train's arguments, one param per flag (see flag_params).
+        **flag_params(
+            f"--nproc_per_node={config['launch']['nproc_per_node']}",
+            f"--nnodes={config['launch']['nnodes']}",
+            f"--rdzv_port={config['launch']['rdzv_port']}",
+            *train_flags(),
+        ),
     shell:
         # lerobot-pipe launch-train (lerobot_pipe/pipeline/train_job.py) replaces this shell, so
         # that it is snakemake's own child: it stops while another trainer holds the run,
@@ -58,8 +61,6 @@ checkpoint train:
         # whole log in {log}, and stops training when snakemake is gone.
         """
         export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 # threads: sets both to 2 per rank
-        exec lerobot-pipe launch-train --nproc_per_node={params.nproc_per_node} \
-            --nnodes={params.nnodes} --rdzv_port={params.rdzv_port} \
-            --cpus_per_task={resources.cpus_per_task} --log={log} \
-            --final_checkpoint={output} {params.flags}
+        exec lerobot-pipe launch-train --cpus_per_task={resources.cpus_per_task} \
+            --log={log} --final_checkpoint={output} {params}
         """

@@ -11,16 +11,16 @@ rule validate:
     conda:
         "../../envs/lerobot_pipe.yaml"
     params:
-        flags=train_flags(),
-        nproc_per_node=config["launch"]["nproc_per_node"],
-        nnodes=config["launch"]["nnodes"],
-        output_dir=TRAIN_DIR,
+        # lerobot-pipe validate's arguments, one param per flag (see flag_params).
+        **flag_params(
+            f"--nproc_per_node={config['launch']['nproc_per_node']}",
+            f"--nnodes={config['launch']['nnodes']}",
+            *train_flags(),
+        ),
     shell:
         # With checkpoints present train resumes: validate the resumed config, as train
         # will run it. Messages go to the console too: they explain a bad config.
         """
-        resume=$(lerobot-pipe resume-args --output_dir={params.output_dir} 2>{log})
-        lerobot-pipe validate \
-            --nproc_per_node={params.nproc_per_node} --nnodes={params.nnodes} \
-            --write_resolved={output} $resume {params.flags} 2>&1 | tee -a {log}
+        resume=$(lerobot-pipe resume-args {params.output_dir} 2>{log})
+        lerobot-pipe validate --write_resolved={output} $resume {params} 2>&1 | tee -a {log}
         """
