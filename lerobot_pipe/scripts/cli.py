@@ -234,7 +234,6 @@ def main(argv: list[str] | None = None) -> int:
         print(command_usage(name))
         return 0
     from lerobot_pipe.pipeline.config import with_config_keys
-    from lerobot_pipe.training.preflight import USER_ERRORS
     from lerobot_pipe.training.run_lock import RunLockError
 
     command = COMMANDS[name]
@@ -245,7 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return command.run(options, rest)
-    except (*USER_ERRORS, ValueError, FileNotFoundError) as e:
+    except Exception as e:
+        # Imported only now: it brings torch, which the small commands (check-run-lock, the
+        # resume resolver) do not need.
+        from lerobot_pipe.training.preflight import USER_ERRORS
+
+        if not isinstance(e, (*USER_ERRORS, ValueError, FileNotFoundError)):
+            raise
         # validate and launch-train check lerobot-train's flags, the pipeline's config: name
         # its keys too.
         message = with_config_keys(str(e)) if command.passes_on else str(e)
