@@ -312,15 +312,11 @@ def write_final_checkpoint(step_dir: Path, path: Path) -> None:
     write_json_atomic(path, read_training_step(step_dir))
 
 
-def history_path(log_path: Path) -> Path:
-    return log_path.with_name(f"{log_path.stem}-history{log_path.suffix}")
-
-
 def link_to_history(log_path: Path) -> Path:
     """Make ``log_path`` (the job's log, which Snakemake deletes before each attempt) a relative
     link to the run's whole log, which it never deletes; a log file an earlier version wrote
     there is moved into the history first. Returns the history's path."""
-    history = history_path(log_path)
+    history = log_path.with_name(f"{log_path.stem}-history{log_path.suffix}")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if log_path.is_symlink():
         if log_path.resolve() == history.resolve():

@@ -104,10 +104,6 @@ class TrainingPlan:
         return self.resume.step_dir if self.resume else None
 
     @property
-    def resume_info(self) -> dict | None:
-        return self.resume.info if self.resume else None
-
-    @property
     def start_step(self) -> int:
         return self.resume.step if self.resume else 0
 

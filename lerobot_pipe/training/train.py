@@ -39,6 +39,7 @@ from lerobot_pipe.distributed.parallelize import (
 )
 from lerobot_pipe.distributed.runtime import (
     DistEnv,
+    barrier,
     broadcast_from_main,
     destroy,
     init_distributed,
@@ -195,7 +196,7 @@ def event_channel(output_dir: Path, env: DistEnv):
     progress.jsonl (what the pipeline's train job shows), for the whole run."""
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-    broadcast_from_main(None)  # the folder exists before any rank opens the file
+    barrier()  # the folder exists before any rank opens the file
     channel = EventChannel(output_dir, env.rank)
     root = logging.getLogger()
     root.addHandler(channel)
