@@ -30,6 +30,7 @@ from lerobot_pipe.checkpoint.pretrained import PolicyFiles
 from lerobot_pipe.checkpoint.stateful import TrainState
 from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
+from lerobot_pipe.datasets.prefetch import to_device
 from lerobot_pipe.distributed.parallelize import (
     apply_parallelism,
     autocast_dtype,
@@ -395,7 +396,7 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
                 window = [prefetcher.next() for _ in range(ga)]
                 loss_kwargs = _loss_normalizers(session.policy, window, env.device)
             batch = window.pop(0)
-            batch = pre({k: v.to(env.device, non_blocking=True) for k, v in batch.items()})
+            batch = pre(to_device(batch, env.device, non_blocking=True))
             sync = step % ga == 0
             if dims.is_sharded:
                 model.set_requires_gradient_sync(sync)

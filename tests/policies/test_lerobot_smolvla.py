@@ -1,0 +1,193 @@
+"""SmolVLA against LeRobot 0.6.1 itself (its Python, torch 2.11 and transformers 5.5), both ways,
+on a tiny local SmolVLM in fp32:
+
+- its config's fields and defaults are ours (a ``smolvla_base``-style config.json loads here);
+- our checkpoint (pretrained_model/ with its processors) loads in LeRobot's SmolVLAPolicy with
+  exactly the model's key set (LeRobot loads non-strictly: the sets are compared here) and its
+  processors through ``make_pre_post_processors`` with lerobot-eval's overrides; on the same raw
+  batch both give the same tokens, the same loss from the same noise and time and the same
+  actions from the same noise (1e-5);
+- a LeRobot-initialised, LeRobot-saved SmolVLA loads here strictly and gives LeRobot's loss and
+  actions.
+
+LeRobot runs in its own environment (tests/upstream.py) as one subprocess for all jobs, driven by
+lerobot_smolvla_driver.py; it needs ``lerobot[smolvla]`` there (transformers, num2words).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from upstream import find_upstream
+
+pytest.importorskip("transformers", reason="SmolVLA needs transformers: lerobot_pipe[smolvla]")
+
+from smolvla_tiny import build_tiny_smolvlm  # noqa: E402
+
+from lerobot_pipe.configs.parser import to_dict  # noqa: E402
+from lerobot_pipe.policies.pretrained import PreTrainedConfig  # noqa: E402
+from lerobot_pipe.policies.smolvla import SmolVLAConfig, SmolVLAPolicy  # noqa: E402
+from lerobot_pipe.processors import make_pre_post_processors  # noqa: E402
+
+UPSTREAM, WHY_NOT = find_upstream()
+DRIVER = Path(__file__).with_name("lerobot_smolvla_driver.py")
+# Extra folders put on LeRobot's path (e.g. num2words installed with --target) where its venv
+# lacks a package of lerobot[smolvla]; unset in CI, whose LeRobot venv has the extra.
+ENV_OVERLAY = "LEROBOT_UPSTREAM_SMOLVLA_OVERLAY"
+B, STATE_DIM, ACTION_DIM = 2, 3, 2
+TASKS = ["pick it", "put it in the box, then stop\n"]  # the first padded, the second truncated
+STATS = {
+    "observation.state": {"mean": [0.1, -0.2, 0.3], "std": [1.5, 0.5, 2.0]},
+    "action": {"mean": [0.05, -0.1], "std": [0.7, 1.3]},
+}
+
+pytestmark = [pytest.mark.interop, pytest.mark.skipif(UPSTREAM is None, reason=WHY_NOT)]
+
+
+def make_config(vlm: Path) -> SmolVLAConfig:
+    # One camera at the VLM's size, one resized with padding; an empty camera; special image
+    # tokens; an expert with its own width.
+    return SmolVLAConfig.tiny(
+        vlm_model_name=str(vlm),
+        device="cpu",
+        empty_cameras=1,
+        add_image_special_tokens=True,
+        input_features={
+            "observation.images.top": {"type": "VISUAL", "shape": [3, 32, 32]},
+            "observation.images.wrist": {"type": "VISUAL", "shape": [3, 24, 40]},
+            "observation.state": {"type": "STATE", "shape": [STATE_DIM]},
+        },
+        output_features={"action": {"type": "ACTION", "shape": [ACTION_DIM]}},
+    )
+
+
+def raw_inputs(cfg: SmolVLAConfig) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return {
+        "observation.images.top": torch.rand(B, 3, 32, 32, generator=g),
+        "observation.images.wrist": torch.rand(B, 3, 24, 40, generator=g),
+        "observation.state": torch.randn(B, STATE_DIM, generator=g),
+        "action": torch.randn(B, cfg.chunk_size, ACTION_DIM, generator=g),
+        "action_is_pad": torch.tensor([[False] * cfg.chunk_size, [False, False, True, True]]),
+        "noise": torch.randn(B, cfg.chunk_size, cfg.max_action_dim, generator=g),
+        "time": torch.tensor([0.3, 0.85]),
+    }
+
+
+def ours(folder: Path, inputs: dict[str, torch.Tensor]) -> dict:
+    """Our policy and processors loaded from ``folder``, run as the driver runs LeRobot's."""
+    policy = SmolVLAPolicy.from_pretrained(folder)
+    pre, post = make_pre_post_processors(
+        policy.config,
+        pretrained_path=folder,
+        preprocessor_overrides={
+            "device_processor": {"device": "cpu"},
+            "rename_observations_processor": {"rename_map": {}},
+        },
+    )
+    batch = {k: v for k, v in inputs.items() if k not in ("noise", "time")}
+    processed = pre({**batch, "task": list(TASKS)})
+    with torch.no_grad():
+        loss, _ = policy(dict(processed), noise=inputs["noise"], time=inputs["time"])
+        per_sample, _ = policy(
+            dict(processed), noise=inputs["noise"], time=inputs["time"], reduction="none"
+        )
+    actions = policy.predict_action_chunk(dict(processed), noise=inputs["noise"])
+    return {
+        "tokens": processed["observation.language.tokens"],
+        "mask": processed["observation.language.attention_mask"],
+        "state": processed["observation.state"],
+        "loss": loss.reshape(1),
+        "per_sample": per_sample,
+        "actions": actions,
+        "actions_post": post(actions),
+        "keys": sorted(policy.state_dict()),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Our checkpoint and LeRobot's, and every job's results, from one LeRobot process."""
+    tmp = tmp_path_factory.mktemp("smolvla_interop")
+    vlm = build_tiny_smolvlm(tmp / "tiny_smolvlm")
+    cfg = make_config(vlm)
+    torch.manual_seed(0)
+    policy = SmolVLAPolicy(cfg)
+    mine = tmp / "ours"
+    policy.save_pretrained(mine)
+    pre, post = make_pre_post_processors(cfg, dataset_stats=STATS)
+    pre.save_pretrained(mine)
+    post.save_pretrained(mine)
+    inputs = raw_inputs(cfg)
+    save_file(inputs, str(tmp / "inputs.safetensors"))
+    theirs = tmp / "lerobot"
+    jobs = [
+        {"kind": "defaults"},
+        {"kind": "init_and_save", "config_dir": str(mine), "seed": 1, "stats": STATS,
+         "out_dir": str(theirs)},
+        {"kind": "run", "policy_dir": str(mine), "inputs": str(tmp / "inputs.safetensors"),
+         "tasks": TASKS, "out": str(tmp / "lerobot_on_ours.safetensors")},
+        {"kind": "run", "policy_dir": str(theirs), "inputs": str(tmp / "inputs.safetensors"),
+         "tasks": TASKS, "out": str(tmp / "lerobot_on_theirs.safetensors")},
+    ]  # fmt: skip
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    overlay = {"PYTHONPATH": os.environ[ENV_OVERLAY]} if os.environ.get(ENV_OVERLAY) else {}
+    UPSTREAM.run_script(
+        DRIVER, tmp / "jobs.json", tmp / "results.json", home=tmp / "hf", timeout=300, **overlay
+    )
+    results = json.loads((tmp / "results.json").read_text())
+    return {
+        "defaults": results[0],
+        "saved_keys": results[1]["keys"],
+        "on_ours": {**load_file(str(tmp / "lerobot_on_ours.safetensors")), **results[2]},
+        "on_theirs": {**load_file(str(tmp / "lerobot_on_theirs.safetensors")), **results[3]},
+        "ours_on_ours": ours(mine, inputs),
+        "ours_on_theirs": ours(theirs, inputs),
+        "file_keys_ours": sorted(load_file(str(mine / "model.safetensors"))),
+    }
+
+
+def test_config_fields_and_defaults_are_lerobots(runs, tmp_path):
+    theirs = dict(runs["defaults"])
+    mine = to_dict(SmolVLAConfig())
+    mine.pop("type")
+    # Documented: push_to_hub defaults to false here; LeRobot resolves device when building.
+    assert theirs.pop("push_to_hub") is True and mine.pop("push_to_hub") is False
+    theirs.pop("device"), mine.pop("device")
+    assert mine == theirs
+    # A smolvla_base-style config.json (LeRobot's encoding, pretrained weights) loads here.
+    (tmp_path / "config.json").write_text(
+        json.dumps({"type": "smolvla", **runs["defaults"], "load_vlm_weights": True})
+    )
+    loaded = PreTrainedConfig.from_pretrained(tmp_path)
+    assert isinstance(loaded, SmolVLAConfig) and loaded.load_vlm_weights
+    assert loaded.resize_imgs_with_padding == (512, 512) and loaded.optimizer_betas == (0.9, 0.95)
+
+
+def test_our_checkpoint_loads_in_lerobot_with_exactly_its_keys(runs):
+    on_ours = runs["on_ours"]
+    assert on_ours["keys"] == runs["file_keys_ours"] == runs["ours_on_ours"]["keys"]
+    assert any(k.startswith("model.vlm_with_expert.lm_expert.layers.1.self_attn.k_proj") for k in on_ours["keys"])
+    assert not any("lm_expert.embed_tokens" in k for k in on_ours["keys"])
+
+
+@pytest.mark.parametrize("which", ["ours", "theirs"])
+def test_same_tokens_loss_and_actions(runs, which):
+    lerobot, mine = runs[f"on_{which}"], runs[f"ours_on_{which}"]
+    assert torch.equal(lerobot["tokens"], mine["tokens"])
+    assert torch.equal(lerobot["mask"], mine["mask"]) and mine["mask"].dtype == torch.bool
+    # "longest" padding: the shorter task is padded, so the mask has zeros.
+    assert not bool(mine["mask"].all())
+    torch.testing.assert_close(mine["state"], lerobot["state"], rtol=0, atol=1e-6)
+    for key in ("loss", "per_sample", "actions", "actions_post"):
+        torch.testing.assert_close(mine[key], lerobot[key], rtol=1e-5, atol=1e-5, msg=key)
+    assert mine["actions"].shape == (B, 4, ACTION_DIM)
+
+
+def test_lerobot_checkpoint_keys_are_ours(runs):
+    assert runs["saved_keys"] == runs["ours_on_theirs"]["keys"]
