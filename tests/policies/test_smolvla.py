@@ -1,0 +1,206 @@
+"""SmolVLA here, without LeRobot: its config refuses what is not built, its pipelines are LeRobot
+0.6.1's, the sampler's shapes and queue, task strings from a several-task synthetic dataset, and
+a short single-process ``lerobot-train --policy.type=smolvla`` run on camera frames (in
+process) whose checkpoint reloads and acts. Numerical agreement with LeRobot itself:
+test_lerobot_smolvla.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lerobot_pipe.constants import DATASET_SYNTHETIC_PARAMS
+from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET, SmolVLAConfig
+
+FEATURES = dict(
+    input_features={
+        "observation.images.top": {"type": "VISUAL", "shape": [3, 32, 32]},
+        "observation.state": {"type": "STATE", "shape": [2]},
+    },
+    output_features={"action": {"type": "ACTION", "shape": [2]}},
+)
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("rtc_config", {"enabled": True}, "real-time chunking"),
+        ("compile_model", True, "torch.compile"),
+        ("adapt_to_pi_aloha", True, "Aloha"),
+        ("use_delta_joint_actions_aloha", True, "delta joint actions"),
+        ("use_cache", False, "key/value cache"),
+        ("attention_mode", "sparse", "attention_mode"),
+        ("pad_language_to", "none", "pad_language_to"),
+        ("num_expert_layers", 1, "fewer layers"),
+        ("n_action_steps", 60, "n_action_steps"),
+    ],
+)
+def test_config_refuses_what_is_not_built(field, value, says):
+    with pytest.raises(ValueError, match=says):
+        SmolVLAConfig(**{field: value})
+
+
+def test_config_checks_features():
+    cfg = SmolVLAConfig.tiny(empty_cameras=2, **FEATURES)
+    cfg.validate_features()
+    assert list(cfg.image_features)[1:] == [
+        "observation.images.empty_camera_0",
+        "observation.images.empty_camera_1",
+    ]
+    wide = SmolVLAConfig.tiny(
+        input_features={**FEATURES["input_features"], "observation.state": {"type": "STATE", "shape": [9]}},
+        output_features=FEATURES["output_features"],
+    )
+    with pytest.raises(ValueError, match="max_state_dim=8"):
+        wide.validate_features()
+    preset = SmolVLAConfig().get_scheduler_preset()
+    assert (preset.num_warmup_steps, preset.num_decay_steps, preset.decay_lr) == (1000, 30000, 2.5e-6)
+
+
+def test_synthetic_dataset_with_several_tasks(tmp_path):
+    from lerobot_pipe.datasets import LeRobotDataset, write_synthetic_dataset
+    from lerobot_pipe.datasets.synthetic import TASKS
+
+    root = write_synthetic_dataset(tmp_path / "ds", num_episodes=3, episode_length=4, num_tasks=2)
+    ds = LeRobotDataset(root)
+    batch = ds.get_batch([0, 4, 8])
+    assert batch["task"] == [TASKS[0], TASKS[1], TASKS[0]]
+    assert batch["task_index"].tolist() == [0, 1, 0]
+    assert ds[5]["task"] == TASKS[1]
+    params = json.loads((root / DATASET_SYNTHETIC_PARAMS).read_text())
+    assert params["num_tasks"] == 2
+    one = write_synthetic_dataset(tmp_path / "one", num_episodes=1, episode_length=2)
+    assert "num_tasks" not in json.loads((one / DATASET_SYNTHETIC_PARAMS).read_text())
+    with pytest.raises(ValueError, match="num_tasks"):
+        write_synthetic_dataset(tmp_path / "bad", num_tasks=9)
+
+
+# --- with transformers ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory) -> Path:
+    pytest.importorskip("transformers", reason="SmolVLA needs transformers: lerobot_pipe[smolvla]")
+    from smolvla_tiny import build_tiny_smolvlm
+
+    return build_tiny_smolvlm(tmp_path_factory.mktemp("vlm") / "tiny_smolvlm")
+
+
+def test_pipelines_are_lerobots(tiny_vlm, tmp_path):
+    from lerobot_pipe.processors import make_pre_post_processors
+
+    cfg = SmolVLAConfig.tiny(vlm_model_name=str(tiny_vlm), **FEATURES)
+    stats = {"observation.state": {"mean": [0.0, 1.0], "std": [1.0, 2.0]},
+             "action": {"mean": [0.0, 0.0], "std": [1.0, 1.0]}}  # fmt: skip
+    pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
+    pre.save_pretrained(tmp_path)
+    post.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "policy_preprocessor.json").read_text())
+    assert [s["registry_name"] for s in saved["steps"]] == [
+        "rename_observations_processor",
+        "to_batch_processor",
+        "smolvla_new_line_processor",
+        "tokenizer_processor",
+        "device_processor",
+        "normalizer_processor",
+    ]
+    assert saved["steps"][3]["config"] == {
+        "max_length": 12,
+        "task_key": "task",
+        "padding_side": "right",
+        "padding": "longest",
+        "truncation": True,
+        "tokenizer_name": str(tiny_vlm),
+    }
+    assert saved["steps"][5]["state_file"] == (
+        "policy_preprocessor_step_5_normalizer_processor.safetensors"
+    )
+    saved_post = json.loads((tmp_path / "policy_postprocessor.json").read_text())
+    assert [s["registry_name"] for s in saved_post["steps"]] == [
+        "unnormalizer_processor",
+        "device_processor",
+    ]
+    # One observation, as a robot gives it: batched, the task ended by a newline and tokenized.
+    out = pre(
+        {"observation.images.top": torch.rand(3, 32, 32), "observation.state": torch.ones(2),
+         "task": "go"}
+    )  # fmt: skip
+    assert out["task"] == ["go\n"]
+    assert out["observation.language.tokens"].shape == (1, 3)
+    assert out["observation.language.attention_mask"].dtype == torch.bool
+    torch.testing.assert_close(out["observation.state"], torch.tensor([[1.0, 0.0]]))
+
+
+def test_sampler_shapes_and_queue(tiny_vlm):
+    from lerobot_pipe.policies.smolvla import SmolVLAPolicy
+
+    torch.manual_seed(0)
+    cfg = SmolVLAConfig.tiny(vlm_model_name=str(tiny_vlm), n_action_steps=3, **FEATURES)
+    policy = SmolVLAPolicy(cfg)
+    assert not any(p.requires_grad for p in policy.model.vlm_with_expert.vlm.parameters())
+    assert policy.model.state_proj.weight.requires_grad
+    batch = {
+        "observation.images.top": torch.rand(2, 3, 32, 32),
+        "observation.state": torch.randn(2, 2),
+        "observation.language.tokens": torch.randint(0, 20, (2, 5)),
+        "observation.language.attention_mask": torch.ones(2, 5, dtype=torch.bool),
+    }
+    noise = torch.randn(2, cfg.chunk_size, cfg.max_action_dim)
+    chunk = policy.predict_action_chunk(batch, noise=noise)
+    assert chunk.shape == (2, cfg.chunk_size, 2)
+    torch.testing.assert_close(policy.predict_action_chunk(batch, noise=noise), chunk)
+    policy.reset()
+    steps = [policy.select_action(batch, noise=noise) for _ in range(4)]
+    for i in range(3):  # the queue plays the chunk's first n_action_steps actions
+        torch.testing.assert_close(steps[i], chunk[:, i])
+    torch.testing.assert_close(steps[3], chunk[:, 0])  # then a new chunk (same noise)
+    # Training draws from the sample keys: a pure function of each sample's key.
+    policy.train()
+    train_batch = {**batch, "action": torch.randn(2, 4, 2), "sample_key": torch.tensor([5, 9])}
+    first, _ = policy(train_batch)
+    again, _ = policy(train_batch)
+    torch.testing.assert_close(first, again)
+    per_sample, _ = policy({**train_batch, "sample_key": torch.tensor([9, 5])}, reduction="none")
+    swapped, _ = policy(train_batch, reduction="none")
+    assert not torch.allclose(per_sample, swapped)
+
+
+def test_train_run_checkpoint_reloads(tiny_vlm, tmp_path):
+    """lerobot-train --policy.type=smolvla, single process, on a camera dataset with two tasks."""
+    from tiny import run_train
+
+    from lerobot_pipe.datasets import write_synthetic_dataset
+    from lerobot_pipe.policies.smolvla import SmolVLAPolicy
+    from lerobot_pipe.processors import make_pre_post_processors
+
+    root = write_synthetic_dataset(
+        tmp_path / "ds", num_episodes=4, episode_length=10, cameras=["top"], image_size=32,
+        pixels_only=True, num_tasks=2,
+    )  # fmt: skip
+    out = tmp_path / "out"
+    flags = {
+        "policy.type": "smolvla",
+        "policy.vlm_model_name": str(tiny_vlm),
+        **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
+        "policy.resize_imgs_with_padding": "[32,32]",
+        "policy.scheduler_warmup_steps": 1,
+        "dataset.root": str(root),
+        "steps": 3,
+        "batch_size": 4,
+        "num_workers": 0,
+        "log_freq": 1,
+        "save_freq": 3,
+        "output_dir": str(out),
+    }
+    run_train([f"--{k}={v}" for k, v in flags.items()])
+    folder = out / "checkpoints/last/pretrained_model"
+    assert json.loads((folder / "config.json").read_text())["type"] == "smolvla"
+    policy = SmolVLAPolicy.from_pretrained(folder)
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=folder)
+    obs = {"observation.images.top": torch.rand(3, 32, 32), "observation.state": torch.zeros(2),
+           "task": "Reach the green dot."}  # fmt: skip
+    action = post(policy.select_action(pre(obs)))
+    assert action.shape == (1, 2) and torch.isfinite(action).all()
