@@ -26,7 +26,6 @@ _POLL_S = 0.1
 Batch = dict[str, Any]  # tensors, and the "task" strings (a list)
 
 
-
 def to_device(batch: Batch, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
     """The batch with its tensors on ``device``; other values (the ``task`` strings) as they
     are."""
@@ -34,6 +33,7 @@ def to_device(batch: Batch, device: torch.device | str, *, non_blocking: bool = 
         k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
         for k, v in batch.items()
     }
+
 
 class BatchPrefetcher:
     """Yields ``dataset.get_batch(sampler.next_indices())`` step after step, each batch with its

@@ -172,7 +172,10 @@ def test_config_fields_and_defaults_are_lerobots(runs, tmp_path):
 def test_our_checkpoint_loads_in_lerobot_with_exactly_its_keys(runs):
     on_ours = runs["on_ours"]
     assert on_ours["keys"] == runs["file_keys_ours"] == runs["ours_on_ours"]["keys"]
-    assert any(k.startswith("model.vlm_with_expert.lm_expert.layers.1.self_attn.k_proj") for k in on_ours["keys"])
+    assert any(
+        k.startswith("model.vlm_with_expert.lm_expert.layers.1.self_attn.k_proj")
+        for k in on_ours["keys"]
+    )
     assert not any("lm_expert.embed_tokens" in k for k in on_ours["keys"])
 
 

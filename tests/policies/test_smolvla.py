@@ -51,13 +51,20 @@ def test_config_checks_features():
         "observation.images.empty_camera_1",
     ]
     wide = SmolVLAConfig.tiny(
-        input_features={**FEATURES["input_features"], "observation.state": {"type": "STATE", "shape": [9]}},
+        input_features={
+            **FEATURES["input_features"],
+            "observation.state": {"type": "STATE", "shape": [9]},
+        },
         output_features=FEATURES["output_features"],
     )
     with pytest.raises(ValueError, match="max_state_dim=8"):
         wide.validate_features()
     preset = SmolVLAConfig().get_scheduler_preset()
-    assert (preset.num_warmup_steps, preset.num_decay_steps, preset.decay_lr) == (1000, 30000, 2.5e-6)
+    assert (preset.num_warmup_steps, preset.num_decay_steps, preset.decay_lr) == (
+        1000,
+        30000,
+        2.5e-6,
+    )
 
 
 def test_synthetic_dataset_with_several_tasks(tmp_path):

@@ -164,7 +164,9 @@ class SmolVLAConfig(PreTrainedConfig):
                 f"({self.chunk_size}): each chunk predicts chunk_size actions"
             )
         if self.n_obs_steps != 1:
-            raise ValueError(f"SmolVLA sees one observation step, got n_obs_steps={self.n_obs_steps}")
+            raise ValueError(
+                f"SmolVLA sees one observation step, got n_obs_steps={self.n_obs_steps}"
+            )
         if self.tokenizer_max_length < 1 or self.num_steps < 1:
             raise ValueError("tokenizer_max_length and num_steps must be positive ints")
         if self.empty_cameras < 0:
@@ -198,18 +200,23 @@ class SmolVLAConfig(PreTrainedConfig):
                 "expert with fewer layers than the VLM is not built here (LeRobot 0.6.1 fails on "
                 "it with a shape mismatch); use num_expert_layers=-1"
             )
-        if self.num_expert_layers > 0 and self.num_vlm_layers > 0:
-            if self.num_vlm_layers % self.num_expert_layers:
-                raise ValueError(
-                    f"num_vlm_layers ({self.num_vlm_layers}) must be a multiple of "
-                    f"num_expert_layers ({self.num_expert_layers})"
-                )
+        if (
+            self.num_expert_layers > 0
+            and self.num_vlm_layers > 0
+            and self.num_vlm_layers % self.num_expert_layers
+        ):
+            raise ValueError(
+                f"num_vlm_layers ({self.num_vlm_layers}) must be a multiple of "
+                f"num_expert_layers ({self.num_expert_layers})"
+            )
 
     def validate_features(self) -> None:
         # LeRobot adds the empty cameras to the inputs (and so to config.json) when validating.
         for i in range(self.empty_cameras):
             key = f"{OBS_IMAGES_PREFIX}empty_camera_{i}"
-            self.input_features.setdefault(key, {"type": "VISUAL", "shape": list(EMPTY_CAMERA_SHAPE)})
+            self.input_features.setdefault(
+                key, {"type": "VISUAL", "shape": list(EMPTY_CAMERA_SHAPE)}
+            )
         super().validate_features()
         if not self.image_features:
             raise ValueError(

@@ -348,9 +348,11 @@ class SmolVLAPolicy(PreTrainedPolicy):
             t = u ** (1.0 / TIME_ALPHA)
         else:
             noise = torch.randn(shape, device=device)
-            t = torch.distributions.Beta(
-                torch.tensor(TIME_ALPHA), torch.tensor(1.0)
-            ).sample((shape[0],)).to(device)
+            t = (
+                torch.distributions.Beta(torch.tensor(TIME_ALPHA), torch.tensor(1.0))
+                .sample((shape[0],))
+                .to(device)
+            )
         return noise, (t * TIME_SCALE + TIME_OFFSET).float()
 
     def loss_normalizers(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -374,7 +376,9 @@ class SmolVLAPolicy(PreTrainedPolicy):
             raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         actions = pad_last_dim(batch[ACTION], self.config.max_action_dim)
         if noise is None or time is None:
-            drawn_noise, drawn_time = self._training_draws(batch, tuple(actions.shape), actions.device)
+            drawn_noise, drawn_time = self._training_draws(
+                batch, tuple(actions.shape), actions.device
+            )
             noise = drawn_noise if noise is None else noise
             time = drawn_time if time is None else time
         losses = self.model.velocity_loss(*self._inputs(batch), actions, noise, time)

@@ -87,7 +87,9 @@ class SmolVLMWithExpert(nn.Module):
         super().__init__()
         tf = _transformers()
         if load_vlm_weights and build_weights:
-            self.vlm = tf.AutoModelForImageTextToText.from_pretrained(model_id, dtype=torch.bfloat16)
+            self.vlm = tf.AutoModelForImageTextToText.from_pretrained(
+                model_id, dtype=torch.bfloat16
+            )
         else:
             config = tf.AutoConfig.from_pretrained(model_id)
             # A checkpoint about to be loaded over it: LeRobot's dtypes, none of the VLM's weights.
@@ -189,8 +191,16 @@ class SmolVLMWithExpert(nn.Module):
         softmax in fp32, masked scores at the dtype's minimum (fully masked rows: uniform)."""
         batch, length = key.shape[:2]
         groups = self.num_heads // self.num_kv_heads
-        key = key[:, :, :, None, :].expand(-1, -1, -1, groups, -1).reshape(batch, length, -1, key.shape[-1])
-        value = value[:, :, :, None, :].expand(-1, -1, -1, groups, -1).reshape(batch, length, -1, value.shape[-1])
+        key = (
+            key[:, :, :, None, :]
+            .expand(-1, -1, -1, groups, -1)
+            .reshape(batch, length, -1, key.shape[-1])
+        )
+        value = (
+            value[:, :, :, None, :]
+            .expand(-1, -1, -1, groups, -1)
+            .reshape(batch, length, -1, value.shape[-1])
+        )
         scores = torch.matmul(query.float().transpose(1, 2), key.float().permute(0, 2, 3, 1))
         scores = scores * self.head_dim**-0.5
         scores = torch.where(mask[:, None], scores, torch.finfo(scores.dtype).min)
@@ -295,7 +305,12 @@ class SmolVLMWithExpert(nn.Module):
                 continue
             if self._is_cross(i):
                 att = self._cross_expert(
-                    expert, suffix, cache.keys[i], cache.values[i], positions, mask[:, :, :prefix_len]
+                    expert,
+                    suffix,
+                    cache.keys[i],
+                    cache.values[i],
+                    positions,
+                    mask[:, :, :prefix_len],
                 )
             else:
                 q, k, v = self._qkv(expert, suffix)
