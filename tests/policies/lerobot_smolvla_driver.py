@@ -9,8 +9,9 @@ Usage: python lerobot_smolvla_driver.py <jobs.json> <results.json>; each job is 
   batch in ``inputs`` (+ ``tasks``): the preprocessed tokens and mask, the loss from the given
   noise and time, and the actions from the given noise (postprocessed); its model's state-dict
   keys.
-- "init_and_save": a LeRobot-initialised SmolVLAPolicy (seeded) for our config.json, saved with
-  its processors (built from ``stats``) into ``out_dir``.
+- "init_and_save": a LeRobot-initialised SmolVLAPolicy (seeded) for our config.json (with
+  ``load_vlm_weights`` it reads the VLM folder's weights), saved with its processors (built from
+  ``stats``) into ``out_dir``; its state-dict keys and dtypes.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def run(job: dict) -> dict:
         "actions_post": post(actions),
     }
     save_file({k: v.contiguous() for k, v in out.items()}, job["out"])
-    return {"keys": sorted(policy.state_dict()), "dtypes": {}}
+    return {"keys": sorted(policy.state_dict())}
 
 
 def init_and_save(job: dict) -> dict:
@@ -81,7 +82,10 @@ def init_and_save(job: dict) -> dict:
     policy.save_pretrained(out)
     pre.save_pretrained(out)
     post.save_pretrained(out)
-    return {"keys": sorted(policy.state_dict())}
+    return {
+        "keys": sorted(policy.state_dict()),
+        "dtypes": {k: str(v.dtype) for k, v in policy.state_dict().items()},
+    }
 
 
 KINDS = {"defaults": defaults, "run": run, "init_and_save": init_and_save}

@@ -41,6 +41,7 @@ DRIVER = Path(__file__).with_name("lerobot_smolvla_driver.py")
 ENV_OVERLAY = "LEROBOT_UPSTREAM_SMOLVLA_OVERLAY"
 B, STATE_DIM, ACTION_DIM = 2, 3, 2
 TASKS = ["pick it", "put it in the box, then stop\n"]  # the first padded, the second truncated
+TRAINED_TASKS = ["Reach it.", "Move the point to the goal."]
 STATS = {
     "observation.state": {"mean": [0.1, -0.2, 0.3], "std": [1.5, 0.5, 2.0]},
     "action": {"mean": [0.05, -0.1], "std": [0.7, 1.3]},
@@ -79,7 +80,7 @@ def raw_inputs(cfg: SmolVLAConfig) -> dict[str, torch.Tensor]:
     }
 
 
-def ours(folder: Path, inputs: dict[str, torch.Tensor]) -> dict:
+def ours(folder: Path, inputs: dict[str, torch.Tensor], tasks: list[str] = TASKS) -> dict:
     """Our policy and processors loaded from ``folder``, run as the driver runs LeRobot's."""
     policy = SmolVLAPolicy.from_pretrained(folder)
     pre, post = make_pre_post_processors(
@@ -91,7 +92,7 @@ def ours(folder: Path, inputs: dict[str, torch.Tensor]) -> dict:
         },
     )
     batch = {k: v for k, v in inputs.items() if k not in ("noise", "time")}
-    processed = pre({**batch, "task": list(TASKS)})
+    processed = pre({**batch, "task": list(tasks)})
     with torch.no_grad():
         loss, _ = policy(dict(processed), noise=inputs["noise"], time=inputs["time"])
         per_sample, _ = policy(
@@ -110,11 +111,50 @@ def ours(folder: Path, inputs: dict[str, torch.Tensor]) -> dict:
     }
 
 
+def trained_checkpoint(tmp: Path, vlm: Path) -> Path:
+    """A short single-process lerobot-train run (in this process) on two-task camera data."""
+    from tiny import run_train
+
+    from lerobot_pipe.datasets import write_synthetic_dataset
+    from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
+
+    root = write_synthetic_dataset(
+        tmp / "ds", num_episodes=2, episode_length=8, cameras=["top"], image_size=32,
+        pixels_only=True, num_tasks=2,
+    )  # fmt: skip
+    flags = {
+        "policy.type": "smolvla",
+        "policy.vlm_model_name": str(vlm),
+        **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
+        "policy.resize_imgs_with_padding": "[32,32]",
+        "policy.train_expert_only": "false",
+        "dataset.root": str(root),
+        "steps": 2,
+        "batch_size": 2,
+        "num_workers": 0,
+        "output_dir": str(tmp / "run"),
+    }
+    run_train([f"--{k}={v}" for k, v in flags.items()])
+    return tmp / "run/checkpoints/last/pretrained_model"
+
+
+def trained_inputs(cfg: SmolVLAConfig) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    return {
+        "observation.images.top": torch.rand(B, 3, 32, 32, generator=g),
+        "observation.state": torch.randn(B, 2, generator=g),
+        "action": torch.randn(B, cfg.chunk_size, 2, generator=g),
+        "noise": torch.randn(B, cfg.chunk_size, cfg.max_action_dim, generator=g),
+        "time": torch.tensor([0.5, 0.05]),
+    }
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """Our checkpoint and LeRobot's, and every job's results, from one LeRobot process."""
+    """Our checkpoints and LeRobot's, and every job's results, from one LeRobot process."""
     tmp = tmp_path_factory.mktemp("smolvla_interop")
     vlm = build_tiny_smolvlm(tmp / "tiny_smolvlm")
+    vlm_weights = build_tiny_smolvlm(tmp / "tiny_smolvlm_weights", with_weights=True)
     cfg = make_config(vlm)
     torch.manual_seed(0)
     policy = SmolVLAPolicy(cfg)
@@ -125,6 +165,15 @@ def runs(tmp_path_factory) -> dict:
     post.save_pretrained(mine)
     inputs = raw_inputs(cfg)
     save_file(inputs, str(tmp / "inputs.safetensors"))
+    trained = trained_checkpoint(tmp, vlm)
+    trained_cfg = SmolVLAConfig.from_pretrained(trained)
+    inputs_trained = trained_inputs(trained_cfg)
+    save_file(inputs_trained, str(tmp / "inputs_trained.safetensors"))
+    # A smolvla_base-style config: the VLM's own (bf16) weights read from the folder.
+    bf16_cfg = tmp / "bf16_config"
+    make_config(vlm_weights).__class__(
+        **{**vars(make_config(vlm_weights)), "load_vlm_weights": True}
+    ).save_pretrained(bf16_cfg)
     theirs = tmp / "lerobot"
     jobs = [
         {"kind": "defaults"},
@@ -134,6 +183,11 @@ def runs(tmp_path_factory) -> dict:
          "tasks": TASKS, "out": str(tmp / "lerobot_on_ours.safetensors")},
         {"kind": "run", "policy_dir": str(theirs), "inputs": str(tmp / "inputs.safetensors"),
          "tasks": TASKS, "out": str(tmp / "lerobot_on_theirs.safetensors")},
+        {"kind": "run", "policy_dir": str(trained),
+         "inputs": str(tmp / "inputs_trained.safetensors"), "tasks": TRAINED_TASKS,
+         "out": str(tmp / "lerobot_on_trained.safetensors")},
+        {"kind": "init_and_save", "config_dir": str(bf16_cfg), "seed": 2, "stats": STATS,
+         "out_dir": str(tmp / "lerobot_bf16")},
     ]  # fmt: skip
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     overlay = {"PYTHONPATH": os.environ[ENV_OVERLAY]} if os.environ.get(ENV_OVERLAY) else {}
@@ -146,9 +200,16 @@ def runs(tmp_path_factory) -> dict:
         "saved_keys": results[1]["keys"],
         "on_ours": {**load_file(str(tmp / "lerobot_on_ours.safetensors")), **results[2]},
         "on_theirs": {**load_file(str(tmp / "lerobot_on_theirs.safetensors")), **results[3]},
+        "on_trained": {**load_file(str(tmp / "lerobot_on_trained.safetensors")), **results[4]},
         "ours_on_ours": ours(mine, inputs),
         "ours_on_theirs": ours(theirs, inputs),
+        "ours_on_trained": ours(trained, inputs_trained, TRAINED_TASKS),
         "file_keys_ours": sorted(load_file(str(mine / "model.safetensors"))),
+        "file_keys_trained": sorted(load_file(str(trained / "model.safetensors"))),
+        "bf16": results[5],
+        "bf16_dir": tmp / "lerobot_bf16",
+        "bf16_config": bf16_cfg,
+        "vlm_weights": vlm_weights,
     }
 
 
@@ -179,7 +240,13 @@ def test_our_checkpoint_loads_in_lerobot_with_exactly_its_keys(runs):
     assert not any("lm_expert.embed_tokens" in k for k in on_ours["keys"])
 
 
-@pytest.mark.parametrize("which", ["ours", "theirs"])
+def test_our_trained_checkpoint_loads_in_lerobot_with_exactly_its_keys(runs):
+    """pretrained_model/ of a lerobot-train run, with its processors."""
+    assert runs["on_trained"]["keys"] == runs["file_keys_trained"]
+    assert runs["ours_on_trained"]["keys"] == runs["file_keys_trained"]
+
+
+@pytest.mark.parametrize("which", ["ours", "theirs", "trained"])
 def test_same_tokens_loss_and_actions(runs, which):
     lerobot, mine = runs[f"on_{which}"], runs[f"ours_on_{which}"]
     assert torch.equal(lerobot["tokens"], mine["tokens"])
@@ -189,8 +256,37 @@ def test_same_tokens_loss_and_actions(runs, which):
     torch.testing.assert_close(mine["state"], lerobot["state"], rtol=0, atol=1e-6)
     for key in ("loss", "per_sample", "actions", "actions_post"):
         torch.testing.assert_close(mine[key], lerobot[key], rtol=1e-5, atol=1e-5, msg=key)
-    assert mine["actions"].shape == (B, 4, ACTION_DIM)
+    assert mine["actions"].shape == (B, 4, 2)
 
 
 def test_lerobot_checkpoint_keys_are_ours(runs):
     assert runs["saved_keys"] == runs["ours_on_theirs"]["keys"]
+
+
+def test_vlm_weights_load_in_bf16_as_lerobot_and_checkpoints_rebuild_without_them(runs):
+    """load_vlm_weights=true (smolvla_base): the VLM's weights are read from its folder in bf16,
+    the expert's Llama layers too, the heads and swapped cross-attention k/v stay fp32: per key
+    the dtypes LeRobot's policy has. A checkpoint of it then loads without the VLM's weights
+    (built from the VLM's config), with LeRobot's dtypes and values."""
+    from safetensors.torch import load_file as load
+
+    theirs = runs["bf16"]["dtypes"]
+    assert {"torch.bfloat16", "torch.float32"} == set(theirs.values())
+    torch.manual_seed(0)
+    built = SmolVLAPolicy(SmolVLAConfig.from_pretrained(runs["bf16_config"]))
+    assert {k: str(v.dtype) for k, v in built.state_dict().items()} == theirs
+    vlm_file = load(str(runs["vlm_weights"] / "model.safetensors"))
+    embed = "model.vlm_with_expert.vlm.model.text_model.embed_tokens.weight"
+    assert torch.equal(built.state_dict()[embed], vlm_file["model.text_model.embed_tokens.weight"])
+    # Without the VLM's weights file: the checkpoint alone supplies every weight.
+    (runs["vlm_weights"] / "model.safetensors").rename(runs["vlm_weights"] / "moved.safetensors")
+    try:
+        loaded = SmolVLAPolicy.from_pretrained(runs["bf16_dir"])
+    finally:
+        (runs["vlm_weights"] / "moved.safetensors").rename(
+            runs["vlm_weights"] / "model.safetensors"
+        )
+    saved = load(str(runs["bf16_dir"] / "model.safetensors"))
+    state = loaded.state_dict()
+    assert {k: str(v.dtype) for k, v in state.items()} == theirs
+    assert all(torch.equal(state[k], saved[k]) for k in saved)

@@ -211,3 +211,34 @@ def test_train_run_checkpoint_reloads(tiny_vlm, tmp_path):
            "task": "Reach the green dot."}  # fmt: skip
     action = post(policy.select_action(pre(obs)))
     assert action.shape == (1, 2) and torch.isfinite(action).all()
+
+
+@pytest.mark.parametrize(
+    "flag, says",
+    [
+        ("--policy.compile_model=true", "torch.compile of SmolVLA is not built here"),
+        ('--policy.rtc_config={"enabled": true}', "real-time chunking (RTC) is not built here"),
+        ("--policy.adapt_to_pi_aloha=true", "Aloha"),
+        ("--policy.use_delta_joint_actions_aloha=true", "delta joint actions"),
+    ],
+)
+def test_refused_fields_fail_before_launch(tmp_path, monkeypatch, capsys, flag, says):
+    """As rank 0 of a would-be 2-process run: exit status 2, one line, nothing written, no VLM
+    read (vlm_model_name names no folder)."""
+    from lerobot_pipe.scripts.train import main as train_main
+
+    for key, value in {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MASTER_PORT", "1")
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        "--policy.type=smolvla",
+        "--policy.vlm_model_name=/nonexistent/vlm",
+        "--dataset.root=/nonexistent/ds",
+        f"--output_dir={tmp_path / 'out'}",
+        flag,
+    ]
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []

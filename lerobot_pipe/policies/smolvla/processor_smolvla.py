@@ -4,7 +4,8 @@ here load in LeRobot's ``make_pre_post_processors`` and LeRobot's load here.
 
 The task strings travel in the flat batch under ``"task"`` (a string, or one per sample); the
 tokenizer step writes ``observation.language.tokens`` (int64) and
-``observation.language.attention_mask`` (bool), on the device of the batch's other tensors.
+``observation.language.attention_mask`` (bool), on the device of the batch's other tensors (and,
+as LeRobot, ``observation.language.subtask.*`` for a batch that carries ``"subtask"`` strings).
 transformers is imported only when a tokenizer step is built.
 """
 
@@ -20,6 +21,8 @@ from lerobot_pipe.processors.pipeline import Batch, ProcessorError, ProcessorSte
 
 OBS_LANGUAGE_TOKENS = "observation.language.tokens"
 OBS_LANGUAGE_ATTENTION_MASK = "observation.language.attention_mask"
+OBS_LANGUAGE_SUBTASK_TOKENS = "observation.language.subtask.tokens"
+OBS_LANGUAGE_SUBTASK_ATTENTION_MASK = "observation.language.subtask.attention_mask"
 TRANSFORMERS_HINT = "SmolVLA needs transformers: pip install 'lerobot_pipe[smolvla]'"
 
 
@@ -98,19 +101,31 @@ class TokenizerProcessorStep(ProcessorStep):
                 f"tokenizer_processor: batch[{self.task_key!r}] must be a string or a list of "
                 f"strings, got {type(batch[self.task_key]).__name__}"
             )
+        device = _batch_device(batch)
+        out = dict(batch)
+        out[OBS_LANGUAGE_TOKENS], out[OBS_LANGUAGE_ATTENTION_MASK] = self._encode(tasks, device)
+        subtasks = _task_list(batch.get("subtask"))
+        if subtasks is not None:
+            tokens, mask = self._encode(subtasks, device)
+            out[OBS_LANGUAGE_SUBTASK_TOKENS], out[OBS_LANGUAGE_SUBTASK_ATTENTION_MASK] = (
+                tokens,
+                mask,
+            )
+        return out
+
+    def _encode(self, texts: list[str], device: torch.device) -> tuple[Tensor, Tensor]:
         encoded = self.tokenizer(
-            tasks,
+            texts,
             max_length=self.max_length,
             truncation=self.truncation,
             padding=self.padding,
             padding_side=self.padding_side,
             return_tensors="pt",
         )
-        device = _batch_device(batch)
-        out = dict(batch)
-        out[OBS_LANGUAGE_TOKENS] = encoded["input_ids"].to(device)
-        out[OBS_LANGUAGE_ATTENTION_MASK] = encoded["attention_mask"].to(device, torch.bool)
-        return out
+        return (
+            encoded["input_ids"].to(device),
+            encoded["attention_mask"].to(device, torch.bool),
+        )
 
     def get_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {
