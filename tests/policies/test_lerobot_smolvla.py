@@ -50,6 +50,26 @@ STATS = {
 pytestmark = [pytest.mark.interop, pytest.mark.skipif(UPSTREAM is None, reason=WHY_NOT)]
 
 
+@pytest.fixture(scope="module")
+def upstream_env() -> dict[str, str]:
+    """Extra environment of the LeRobot process; skips, saying what to install, where LeRobot's
+    venv lacks lerobot[smolvla]'s num2words (SmolVLM's processor needs it)."""
+    import subprocess
+
+    env = {"PYTHONPATH": os.environ[ENV_OVERLAY]} if os.environ.get(ENV_OVERLAY) else {}
+    probe = subprocess.run(
+        [str(UPSTREAM.python), "-c", "import num2words, transformers"],
+        env=UPSTREAM.env(Path("/nonexistent"), **env),
+        capture_output=True,
+    )
+    if probe.returncode:
+        pytest.skip(
+            f"LeRobot's venv ({UPSTREAM.python}) lacks lerobot[smolvla] (num2words, "
+            f"transformers): pip install 'lerobot[smolvla]==0.6.1' there, or set {ENV_OVERLAY}"
+        )
+    return env
+
+
 def make_config(vlm: Path) -> SmolVLAConfig:
     # One camera at the VLM's size, one resized with padding; an empty camera; special image
     # tokens; an expert with its own width.
@@ -150,7 +170,7 @@ def trained_inputs(cfg: SmolVLAConfig) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
+def runs(tmp_path_factory, upstream_env) -> dict:
     """Our checkpoints and LeRobot's, and every job's results, from one LeRobot process."""
     tmp = tmp_path_factory.mktemp("smolvla_interop")
     vlm = build_tiny_smolvlm(tmp / "tiny_smolvlm")
@@ -190,9 +210,13 @@ def runs(tmp_path_factory) -> dict:
          "out_dir": str(tmp / "lerobot_bf16")},
     ]  # fmt: skip
     (tmp / "jobs.json").write_text(json.dumps(jobs))
-    overlay = {"PYTHONPATH": os.environ[ENV_OVERLAY]} if os.environ.get(ENV_OVERLAY) else {}
     UPSTREAM.run_script(
-        DRIVER, tmp / "jobs.json", tmp / "results.json", home=tmp / "hf", timeout=300, **overlay
+        DRIVER,
+        tmp / "jobs.json",
+        tmp / "results.json",
+        home=tmp / "hf",
+        timeout=300,
+        **upstream_env,
     )
     results = json.loads((tmp / "results.json").read_text())
     return {
