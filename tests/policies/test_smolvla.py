@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest_hub import hub_server  # noqa: F401 - the local test Hub (function scope)
 
 from lerobot_pipe.constants import DATASET_SYNTHETIC_PARAMS
 from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET, SmolVLAConfig
@@ -242,3 +243,29 @@ def test_refused_fields_fail_before_launch(tmp_path, monkeypatch, capsys, flag, 
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_vlm_from_a_hub_id_through_the_cache(tiny_vlm, tmp_path, hub_server):  # noqa: F811
+    """``vlm_model_name`` as a Hub repo id: the VLM's config and weights (load_vlm_weights)
+    and its tokenizer come through huggingface_hub's cache, from the local test Hub."""
+    from huggingface_hub import HfApi
+    from smolvla_tiny import build_tiny_smolvlm
+
+    from lerobot_pipe.policies.smolvla import SmolVLAPolicy
+    from lerobot_pipe.processors import make_pre_post_processors
+
+    folder = build_tiny_smolvlm(tmp_path / "vlm", with_weights=True)
+    api = HfApi(endpoint=hub_server.url, token=hub_server.token)
+    api.create_repo("tiny/smolvlm")
+    api.upload_folder(repo_id="tiny/smolvlm", folder_path=folder)
+    cfg = SmolVLAConfig.tiny(vlm_model_name="tiny/smolvlm", load_vlm_weights=True, **FEATURES)
+    policy = SmolVLAPolicy(cfg)
+    from safetensors.torch import load_file
+
+    embed = load_file(str(folder / "model.safetensors"))["model.text_model.embed_tokens.weight"]
+    assert torch.equal(policy.model.vlm_with_expert.vlm.model.text_model.embed_tokens.weight, embed)
+    pre, _ = make_pre_post_processors(cfg)
+    tokens = pre.step("tokenizer_processor")({"task": ["go\n"]})["observation.language.tokens"]
+    assert tokens.shape == (1, 3)
+    cached = {p.name for p in Path(hub_server.cache_dir).rglob("*") if p.is_file()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= cached
