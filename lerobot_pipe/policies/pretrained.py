@@ -174,6 +174,11 @@ class PreTrainedConfig(ChoiceRegistry, choice_base=True, choice_kind="policy"):
             [defaults.unnormalize, defaults.to_cpu],
         )
 
+    def publish_problem(self) -> str | None:
+        """Why a published checkpoint of this config could not be rebuilt by others (e.g. it
+        names a local folder they do not have), or None. Publishing refuses it before upload."""
+        return None
+
     # --- serialization --------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

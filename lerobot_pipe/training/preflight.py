@@ -316,6 +316,9 @@ def _check_publishable(cfg: TrainConfig) -> None:
     problem = repo_id_problem(repo_id)
     if problem:
         raise ConfigError(f"--policy.repo_id: {problem}")
+    problem = cfg.policy.publish_problem()
+    if problem:
+        raise ConfigError(f"--policy.push_to_hub=true: {problem}")
     if cfg.checkpoint_format == "dcp":
         raise ConfigError(
             "--policy.push_to_hub=true publishes model.safetensors, which "

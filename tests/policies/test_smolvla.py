@@ -269,3 +269,38 @@ def test_vlm_from_a_hub_id_through_the_cache(tiny_vlm, tmp_path, hub_server):  #
     assert tokens.shape == (1, 3)
     cached = {p.name for p in Path(hub_server.cache_dir).rglob("*") if p.is_file()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= cached
+
+
+def test_publishing_a_local_vlm_folder_is_refused_before_upload(
+    tiny_vlm, tmp_path, monkeypatch, capsys
+):
+    """The checkpoint records the folder as given (as LeRobot does); publishing it, after
+    training (preflight) or later (publish_checkpoint), fails before any request."""
+    from lerobot_pipe.hub.publish import PublishError, publish_checkpoint
+    from lerobot_pipe.scripts.train import main as train_main
+
+    cfg = SmolVLAConfig.tiny(vlm_model_name=str(tiny_vlm), **FEATURES)
+    cfg.save_pretrained(tmp_path / "ckpt")
+    assert json.loads((tmp_path / "ckpt/config.json").read_text())["vlm_model_name"] == str(
+        tiny_vlm
+    )
+    (tmp_path / "ckpt/model.safetensors").write_bytes(b"")
+    with pytest.raises(PublishError, match="others could not rebuild this policy's VLM"):
+        publish_checkpoint(
+            tmp_path / "ckpt", "me/smolvla", intermediate=False, step=1,
+            endpoint="http://127.0.0.1:1", token="hf_test",
+        )  # fmt: skip
+    assert SmolVLAConfig.tiny(**FEATURES).publish_problem() is None  # the default Hub id
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    argv = [
+        "--policy.type=smolvla",
+        f"--policy.vlm_model_name={tiny_vlm}",
+        "--policy.push_to_hub=true",
+        "--policy.repo_id=me/smolvla",
+        "--dataset.root=/nonexistent/ds",
+        f"--output_dir={tmp_path / 'out'}",
+    ]
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "name a Hub id" in err or "Hub repo id" in err, err
+    assert not (tmp_path / "out").exists()

@@ -10,6 +10,7 @@ only; another value fails when the config is built, i.e. before any process is l
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lerobot_pipe.configs.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
@@ -262,6 +263,20 @@ class SmolVLAConfig(PreTrainedConfig):
             num_decay_steps=self.scheduler_decay_steps,
             peak_lr=self.optimizer_lr,
             decay_lr=self.scheduler_decay_lr,
+        )
+
+    def publish_problem(self) -> str | None:
+        """A ``vlm_model_name`` that is a local folder is recorded as it is (as LeRobot does),
+        but nobody else can rebuild the VLM from it."""
+        from lerobot_pipe.hub.repo_id import looks_like_repo_id
+
+        name = self.vlm_model_name
+        if looks_like_repo_id(name) and not Path(name).expanduser().exists():
+            return None
+        return (
+            f"policy.vlm_model_name={name!r} is a local folder: others could not rebuild this "
+            "policy's VLM from the published checkpoint; train with "
+            f"--policy.vlm_model_name=<Hub repo id> (e.g. {DEFAULT_VLM})"
         )
 
     def processor_steps(self, defaults: Any) -> tuple[list, list]:
