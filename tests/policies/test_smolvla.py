@@ -304,3 +304,41 @@ def test_publishing_a_local_vlm_folder_is_refused_before_upload(
     err = capsys.readouterr().err
     assert "name a Hub id" in err or "Hub repo id" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_policy_path_hub_id_loads_without_the_vlm_weights(tmp_path, hub_server):  # noqa: F811
+    """``--policy.path=<hub id>`` of a smolvla_base-style checkpoint (load_vlm_weights=true,
+    vlm_model_name a Hub id): the policy comes through huggingface_hub's cache and its VLM is
+    built from the VLM repo's config alone; the VLM's own weights are never downloaded."""
+    from huggingface_hub import HfApi
+    from smolvla_tiny import build_tiny_smolvlm
+
+    from lerobot_pipe.policies.factory import make_policy
+    from lerobot_pipe.policies.smolvla import SmolVLAPolicy
+
+    api = HfApi(endpoint=hub_server.url, token=hub_server.token)
+    vlm = build_tiny_smolvlm(tmp_path / "vlm", with_weights=True)
+    api.create_repo("tiny/smolvlm")
+    api.upload_folder(repo_id="tiny/smolvlm", folder_path=vlm)
+    torch.manual_seed(0)
+    cfg = SmolVLAConfig.tiny(vlm_model_name=str(vlm), load_vlm_weights=True, **FEATURES)
+    policy = SmolVLAPolicy(cfg)
+    policy.config.vlm_model_name = "tiny/smolvlm"
+    policy.save_pretrained(tmp_path / "ckpt")
+    api.create_repo("me/smolvla")
+    api.upload_folder(repo_id="me/smolvla", folder_path=tmp_path / "ckpt")
+    # The trainer's --policy.path: make_policy with pretrained_path.
+    wanted = SmolVLAConfig.from_pretrained(tmp_path / "ckpt")
+    wanted.pretrained_path = "me/smolvla"
+    loaded = make_policy(wanted)
+    expected = policy.state_dict()
+    got = loaded.state_dict()
+    assert all(
+        torch.equal(got[k], expected[k]) and got[k].dtype == expected[k].dtype for k in expected
+    )
+    downloaded = [
+        p.relative_to(hub_server.cache_dir)
+        for p in Path(hub_server.cache_dir).rglob("*.safetensors")
+    ]
+    assert [p for p in downloaded if "tiny--smolvlm" in str(p)] == [], downloaded
+    assert any("me--smolvla" in str(p) for p in downloaded), downloaded
