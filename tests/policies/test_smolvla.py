@@ -177,7 +177,8 @@ def test_sampler_shapes_and_queue(tiny_vlm):
 
 
 def test_train_run_checkpoint_reloads(tiny_vlm, tmp_path):
-    """lerobot-train --policy.type=smolvla, single process, on a camera dataset with two tasks."""
+    """lerobot-train --policy.type=smolvla, single process, on a camera dataset with two tasks;
+    resumed, it repeats the uninterrupted run exactly; the checkpoint reloads and acts."""
     from tiny import run_train
 
     from lerobot_pipe.datasets import write_synthetic_dataset
@@ -203,7 +204,52 @@ def test_train_run_checkpoint_reloads(tiny_vlm, tmp_path):
         "save_freq": 3,
         "output_dir": str(out),
     }
-    run_train([f"--{k}={v}" for k, v in flags.items()])
+    run_train([f"--{k}={v}" for k, v in {**flags, "save_freq": 2, "steps": 4}.items()])
+    # Resumed from step 2 it ends where the uninterrupted run ends, bit for bit (at a constant
+    # lr: the preset's cosine schedule is scaled to each run's --steps).
+    constant = {
+        "use_policy_training_preset": "false",
+        "optimizer.type": "adamw",
+        "scheduler.type": "constant_with_warmup",
+        "scheduler.num_warmup_steps": 0,
+    }
+    flags = {**flags, **constant}
+    run_train(
+        [
+            f"--{k}={v}"
+            for k, v in {
+                **flags,
+                "save_freq": 2,
+                "steps": 4,
+                "output_dir": str(tmp_path / "full"),
+            }.items()
+        ]
+    )
+    half = {**flags, "steps": 2, "save_freq": 2, "output_dir": str(tmp_path / "half")}
+    run_train([f"--{k}={v}" for k, v in half.items()])
+    resumed = run_train(
+        [
+            "--resume=true",
+            f"--config_path={tmp_path / 'half/checkpoints/000002/pretrained_model/train_config.json'}",
+            "--steps=4",
+        ]
+    )
+    from safetensors.torch import load_file
+
+    for rel in ("pretrained_model/model.safetensors", "training_state/optimizer_state.safetensors"):
+        a = load_file(str(tmp_path / "full/checkpoints/000004" / rel))
+        b = load_file(f"{resumed}/{rel}")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), rel
+    # LeRobot's optimizer layout: one group of every parameter, state for the trained ones only.
+    groups = json.loads(
+        (out / "checkpoints/000004/training_state/optimizer_param_groups.json").read_text()
+    )
+    n_params = len(
+        list(
+            SmolVLAPolicy.from_pretrained(out / "checkpoints/000004/pretrained_model").parameters()
+        )
+    )
+    assert len(groups) == 1 and groups[0]["params"] == list(range(n_params))
     folder = out / "checkpoints/last/pretrained_model"
     assert json.loads((folder / "config.json").read_text())["type"] == "smolvla"
     policy = SmolVLAPolicy.from_pretrained(folder)

@@ -275,6 +275,11 @@ class SmolVLAPolicy(PreTrainedPolicy):
         self.model = VLAFlowMatching(config, build_weights=pretrained_parts)
         self.reset()
 
+    def get_optim_params(self) -> list[dict]:
+        """LeRobot's: every parameter in one group (the frozen ones get no gradient, hence no
+        optimizer state), so optimizer files number the parameters as LeRobot's do."""
+        return [{"params": list(self.parameters())}]
+
     def reset(self) -> None:
         """Empty the action queue (call at each episode start)."""
         self._queues = {ACTION: deque(maxlen=self.config.n_action_steps)}
