@@ -197,36 +197,30 @@ def test_train_run_checkpoint_reloads(tiny_vlm, tmp_path):
         "policy.resize_imgs_with_padding": "[32,32]",
         "policy.scheduler_warmup_steps": 1,
         "dataset.root": str(root),
-        "steps": 3,
+        "steps": 4,
         "batch_size": 4,
         "num_workers": 0,
         "log_freq": 1,
-        "save_freq": 3,
+        "save_freq": 2,
         "output_dir": str(out),
     }
-    run_train([f"--{k}={v}" for k, v in {**flags, "save_freq": 2, "steps": 4}.items()])
+
+    def train(**changes) -> None:
+        run_train([f"--{k}={v}" for k, v in {**flags, **changes}.items()])
+
+    train()  # the policy's preset: AdamW, cosine decay with warmup
     # Resumed from step 2 it ends where the uninterrupted run ends, bit for bit (at a constant
     # lr: the preset's cosine schedule is scaled to each run's --steps).
-    constant = {
-        "use_policy_training_preset": "false",
-        "optimizer.type": "adamw",
-        "scheduler.type": "constant_with_warmup",
-        "scheduler.num_warmup_steps": 0,
-    }
-    flags = {**flags, **constant}
-    run_train(
-        [
-            f"--{k}={v}"
-            for k, v in {
-                **flags,
-                "save_freq": 2,
-                "steps": 4,
-                "output_dir": str(tmp_path / "full"),
-            }.items()
-        ]
+    flags.update(
+        {
+            "use_policy_training_preset": "false",
+            "optimizer.type": "adamw",
+            "scheduler.type": "constant_with_warmup",
+            "scheduler.num_warmup_steps": 0,
+        }
     )
-    half = {**flags, "steps": 2, "save_freq": 2, "output_dir": str(tmp_path / "half")}
-    run_train([f"--{k}={v}" for k, v in half.items()])
+    train(output_dir=tmp_path / "full")
+    train(output_dir=tmp_path / "half", steps=2)
     resumed = run_train(
         [
             "--resume=true",
@@ -364,12 +358,13 @@ def test_policy_path_hub_id_loads_without_the_vlm_weights(tmp_path, hub_server):
 
     api = HfApi(endpoint=hub_server.url, token=hub_server.token)
     vlm = build_tiny_smolvlm(tmp_path / "vlm", with_weights=True)
-    api.create_repo("tiny/smolvlm")
-    api.upload_folder(repo_id="tiny/smolvlm", folder_path=vlm)
+    # Its own repo name: transformers remembers the revision a name resolved to in this process.
+    api.create_repo("tiny/smolvlm-base")
+    api.upload_folder(repo_id="tiny/smolvlm-base", folder_path=vlm)
     torch.manual_seed(0)
     cfg = SmolVLAConfig.tiny(vlm_model_name=str(vlm), load_vlm_weights=True, **FEATURES)
     policy = SmolVLAPolicy(cfg)
-    policy.config.vlm_model_name = "tiny/smolvlm"
+    policy.config.vlm_model_name = "tiny/smolvlm-base"
     policy.save_pretrained(tmp_path / "ckpt")
     api.create_repo("me/smolvla")
     api.upload_folder(repo_id="me/smolvla", folder_path=tmp_path / "ckpt")
@@ -386,5 +381,5 @@ def test_policy_path_hub_id_loads_without_the_vlm_weights(tmp_path, hub_server):
         p.relative_to(hub_server.cache_dir)
         for p in Path(hub_server.cache_dir).rglob("*.safetensors")
     ]
-    assert [p for p in downloaded if "tiny--smolvlm" in str(p)] == [], downloaded
+    assert [p for p in downloaded if "tiny--smolvlm-base" in str(p)] == [], downloaded
     assert any("me--smolvla" in str(p) for p in downloaded), downloaded
