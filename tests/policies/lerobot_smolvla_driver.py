@@ -12,6 +12,7 @@ Usage: python lerobot_smolvla_driver.py <jobs.json> <results.json>; each job is 
 - "init_and_save": a LeRobot-initialised SmolVLAPolicy (seeded) for our config.json (with
   ``load_vlm_weights`` it reads the VLM folder's weights), saved with its processors (built from
   ``stats``) into ``out_dir``; its state-dict keys and dtypes.
+- "tasks": LeRobot's LeRobotDataset(root)[i]["task"] for the job's indices.
 """
 
 from __future__ import annotations
@@ -88,7 +89,14 @@ def init_and_save(job: dict) -> dict:
     }
 
 
-KINDS = {"defaults": defaults, "run": run, "init_and_save": init_and_save}
+def tasks(job: dict) -> dict:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    ds = LeRobotDataset("local/tasks", root=job["root"], video_backend="pyav")
+    return {"tasks": [ds[i]["task"] for i in job["indices"]]}
+
+
+KINDS = {"defaults": defaults, "run": run, "init_and_save": init_and_save, "tasks": tasks}
 
 
 def main() -> None:

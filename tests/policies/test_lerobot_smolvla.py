@@ -41,6 +41,7 @@ DRIVER = Path(__file__).with_name("lerobot_smolvla_driver.py")
 ENV_OVERLAY = "LEROBOT_UPSTREAM_SMOLVLA_OVERLAY"
 B, STATE_DIM, ACTION_DIM = 2, 3, 2
 TASKS = ["pick it", "put it in the box, then stop\n"]  # the first padded, the second truncated
+TASK_INDICES = [0, 7, 8, 15]
 TRAINED_TASKS = ["Reach it.", "Move the point to the goal."]
 STATS = {
     "observation.state": {"mean": [0.1, -0.2, 0.3], "std": [1.5, 0.5, 2.0]},
@@ -131,31 +132,53 @@ def ours(folder: Path, inputs: dict[str, torch.Tensor], tasks: list[str] = TASKS
     }
 
 
-def trained_checkpoint(tmp: Path, vlm: Path) -> Path:
-    """A short single-process lerobot-train run (in this process) on two-task camera data."""
-    from tiny import run_train
-
+def camera_dataset(tmp: Path) -> Path:
     from lerobot_pipe.datasets import write_synthetic_dataset
-    from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
 
-    root = write_synthetic_dataset(
+    return write_synthetic_dataset(
         tmp / "ds", num_episodes=2, episode_length=8, cameras=["top"], image_size=32,
         pixels_only=True, num_tasks=2,
     )  # fmt: skip
+
+
+def train_flags(root: Path, out: Path, **changes) -> list[str]:
+    flags = {
+        "dataset.root": str(root),
+        "steps": 2,
+        "batch_size": 2,
+        "num_workers": 0,
+        "output_dir": str(out),
+        **changes,
+    }
+    return [f"--{k}={v}" for k, v in flags.items()]
+
+
+def trained_checkpoint(tmp: Path, vlm: Path, root: Path) -> Path:
+    """A short single-process lerobot-train run (in this process) on two-task camera data."""
+    from tiny import run_train
+
+    from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
+
     flags = {
         "policy.type": "smolvla",
         "policy.vlm_model_name": str(vlm),
         **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
         "policy.resize_imgs_with_padding": "[32,32]",
         "policy.train_expert_only": "false",
-        "dataset.root": str(root),
-        "steps": 2,
-        "batch_size": 2,
-        "num_workers": 0,
-        "output_dir": str(tmp / "run"),
     }
-    run_train([f"--{k}={v}" for k, v in flags.items()])
+    run_train(train_flags(root, tmp / "run", **flags))
     return tmp / "run/checkpoints/last/pretrained_model"
+
+
+def dataset_stats(root: Path) -> dict:
+    """The state and action statistics of the dataset (the normalizer's)."""
+    from lerobot_pipe.datasets import LeRobotDataset
+
+    stats = LeRobotDataset(root).stats
+    return {
+        k: {s: torch.as_tensor(stats[k][s]) for s in ("mean", "std")}
+        for k in ("observation.state", "action")
+    }
 
 
 def trained_inputs(cfg: SmolVLAConfig) -> dict[str, torch.Tensor]:
@@ -185,7 +208,8 @@ def runs(tmp_path_factory, upstream_env) -> dict:
     post.save_pretrained(mine)
     inputs = raw_inputs(cfg)
     save_file(inputs, str(tmp / "inputs.safetensors"))
-    trained = trained_checkpoint(tmp, vlm)
+    root = camera_dataset(tmp)
+    trained = trained_checkpoint(tmp, vlm, root)
     trained_cfg = SmolVLAConfig.from_pretrained(trained)
     inputs_trained = trained_inputs(trained_cfg)
     save_file(inputs_trained, str(tmp / "inputs_trained.safetensors"))
@@ -208,6 +232,10 @@ def runs(tmp_path_factory, upstream_env) -> dict:
          "out": str(tmp / "lerobot_on_trained.safetensors")},
         {"kind": "init_and_save", "config_dir": str(bf16_cfg), "seed": 2, "stats": STATS,
          "out_dir": str(tmp / "lerobot_bf16")},
+        {"kind": "init_and_save", "config_dir": str(trained), "seed": 3,
+         "stats": {k: {s: v.tolist() for s, v in d.items()} for k, d in dataset_stats(root).items()},
+         "out_dir": str(tmp / "lerobot_for_our_data")},
+        {"kind": "tasks", "root": str(root), "indices": TASK_INDICES},
     ]  # fmt: skip
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     UPSTREAM.run_script(
@@ -234,6 +262,9 @@ def runs(tmp_path_factory, upstream_env) -> dict:
         "bf16_dir": tmp / "lerobot_bf16",
         "bf16_config": bf16_cfg,
         "vlm_weights": vlm_weights,
+        "root": root,
+        "lerobot_for_our_data": tmp / "lerobot_for_our_data",
+        "lerobot_tasks": results[7]["tasks"],
     }
 
 
@@ -314,3 +345,28 @@ def test_vlm_weights_load_in_bf16_as_lerobot_and_checkpoints_rebuild_without_the
     state = loaded.state_dict()
     assert {k: str(v.dtype) for k, v in state.items()} == theirs
     assert all(torch.equal(state[k], saved[k]) for k in saved)
+
+
+def test_dataset_items_carry_lerobots_task_strings(runs):
+    from lerobot_pipe.datasets import LeRobotDataset
+
+    ds = LeRobotDataset(runs["root"])
+    assert [ds[i]["task"] for i in TASK_INDICES] == runs["lerobot_tasks"]
+    assert len(set(runs["lerobot_tasks"])) == 2
+
+
+def test_we_fine_tune_lerobots_checkpoint(runs, tmp_path):
+    """--policy.path=<a LeRobot-written SmolVLA> trains here and its checkpoint starts from
+    LeRobot's weights."""
+    from tiny import run_train
+
+    lerobot = runs["lerobot_for_our_data"]
+    out = tmp_path / "ft"
+    run_train(train_flags(runs["root"], out, **{"policy.path": str(lerobot), "steps": 1}))
+    tuned = load_file(str(out / "checkpoints/last/pretrained_model/model.safetensors"))
+    start = load_file(str(lerobot / "model.safetensors"))
+    assert tuned.keys() == start.keys()
+    frozen = "model.vlm_with_expert.vlm.model.vision_model.embeddings.patch_embedding.weight"
+    assert torch.equal(tuned[frozen], start[frozen])  # frozen: LeRobot's weights, unchanged
+    head = "model.action_out_proj.weight"
+    assert not torch.equal(tuned[head], start[head])  # trained one step from LeRobot's
