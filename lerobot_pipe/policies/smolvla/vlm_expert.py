@@ -94,7 +94,7 @@ class SmolVLMWithExpert(nn.Module):
             config = tf.AutoConfig.from_pretrained(model_id)
             # A checkpoint about to be loaded over it: LeRobot's dtypes, none of the VLM's weights.
             dtype = torch.bfloat16 if load_vlm_weights else torch.float32
-            self.vlm = tf.SmolVLMForConditionalGeneration._from_config(config, dtype=dtype)
+            self.vlm = tf.AutoModelForImageTextToText.from_config(config, dtype=dtype)
         vlm_dtype = next(self.vlm.parameters()).dtype
         text = self.vlm.model.text_model
         if num_vlm_layers > 0:
