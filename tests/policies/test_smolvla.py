@@ -196,6 +196,7 @@ def test_train_run_checkpoint_reloads(tiny_vlm, tmp_path):
         **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
         "policy.resize_imgs_with_padding": "[32,32]",
         "policy.scheduler_warmup_steps": 1,
+        "policy.empty_cameras": 1,  # a camera the dataset does not have, masked out
         "dataset.root": str(root),
         "steps": 4,
         "batch_size": 4,
@@ -245,7 +246,9 @@ def test_train_run_checkpoint_reloads(tiny_vlm, tmp_path):
     )
     assert len(groups) == 1 and groups[0]["params"] == list(range(n_params))
     folder = out / "checkpoints/last/pretrained_model"
-    assert json.loads((folder / "config.json").read_text())["type"] == "smolvla"
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["type"] == "smolvla"
+    assert saved["input_features"]["observation.images.empty_camera_0"]["shape"] == [3, 480, 640]
     policy = SmolVLAPolicy.from_pretrained(folder)
     pre, post = make_pre_post_processors(policy.config, pretrained_path=folder)
     obs = {"observation.images.top": torch.rand(3, 32, 32), "observation.state": torch.zeros(2),
