@@ -386,3 +386,42 @@ def test_policy_path_hub_id_loads_without_the_vlm_weights(tmp_path, hub_server):
     ]
     assert [p for p in downloaded if "tiny--smolvlm-base" in str(p)] == [], downloaded
     assert any("me--smolvla" in str(p) for p in downloaded), downloaded
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+def test_data_parallel_matches_one_process(tiny_vlm, tmp_path, parallelism):
+    """2 gloo processes (DDP, or FSDP2 on the declared units: the vision tower's layers) train
+    as one process on the same global batch, within 1e-5: the noise and flow times come from the
+    sample keys, the loss is normalized over the global batch. The VLM is trained too."""
+    from launch import run_distributed
+    from tiny import losses, run_train
+
+    from lerobot_pipe.datasets import write_synthetic_dataset
+
+    root = write_synthetic_dataset(
+        tmp_path / "ds", num_episodes=4, episode_length=10, cameras=["top"], image_size=32,
+        pixels_only=True, num_tasks=2,
+    )  # fmt: skip
+    flags = {
+        "policy.type": "smolvla",
+        "policy.vlm_model_name": str(tiny_vlm),
+        **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
+        "policy.resize_imgs_with_padding": "[32,32]",
+        "policy.train_expert_only": "false",
+        "policy.freeze_vision_encoder": "false",
+        "dataset.root": str(root),
+        "steps": 3,
+        "num_workers": 0,
+        "log_freq": 1,
+        "save_freq": 0,
+    }
+    argv = [f"--{k}={v}" for k, v in flags.items()]
+    run_train([*argv, "--batch_size=4", f"--output_dir={tmp_path / 'one'}"])
+    shard = ["--parallelism.dp_shard=2"] if parallelism == "fsdp2" else []
+    run_distributed(
+        run_train, 2, [*argv, *shard, "--batch_size=2", f"--output_dir={tmp_path / 'two'}"]
+    )
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert one.keys() == two.keys() == {1, 2, 3}
+    for step in one:
+        assert abs(one[step] - two[step]) < 1e-5, (step, one[step], two[step])
