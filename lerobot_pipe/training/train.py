@@ -31,11 +31,13 @@ from lerobot_pipe.checkpoint.stateful import TrainState
 from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
 from lerobot_pipe.distributed.parallelize import (
+    ShardingPlan,
     apply_parallelism,
     autocast_dtype,
     average_gradients,
     clip_grad_norm,
     make_grad_scaler,
+    plan_sharding,
 )
 from lerobot_pipe.distributed.runtime import (
     DistEnv,
@@ -45,6 +47,7 @@ from lerobot_pipe.distributed.runtime import (
     init_distributed,
     run_on_main,
 )
+from lerobot_pipe.distributed.unit_probe import find_bypassed_modules
 from lerobot_pipe.policies.factory import make_policy
 from lerobot_pipe.policies.peft import adapter_key_map, apply_peft
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy
@@ -69,7 +72,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def banner(plan: TrainingPlan, env: DistEnv, num_params: tuple[int, int]) -> str:
+def banner(
+    plan: TrainingPlan,
+    env: DistEnv,
+    num_params: tuple[int, int],
+    sharding: ShardingPlan | None = None,
+) -> str:
     cfg, dims = plan.cfg, plan.dims
     ga = cfg.accelerator.gradient_accumulation.steps
     eff = cfg.batch_size * dims.dp_world_size * ga
@@ -85,6 +93,14 @@ def banner(plan: TrainingPlan, env: DistEnv, num_params: tuple[int, int]) -> str
         f"Steps: {cfg.steps} loop steps (micro-batches per worker); save every {cfg.save_freq or 'end'}; "
         f"output: {plan.output_dir}",
     ]
+    if sharding is not None:
+        line = f"FSDP2 units: {len(sharding.wrap_units)} and the root"
+        if sharding.passed_over:
+            line += (
+                "; passed over (their forward never runs, their children may be units): "
+                + ", ".join(sharding.passed_over)
+            )
+        lines.append(line)
     if plan.resume_from is not None:
         lines.append(f"Resuming from {plan.resume_from} (step {plan.start_step})")
     return "\n".join(lines)
@@ -271,6 +287,60 @@ def make_processors(
     return pre, post
 
 
+def plan_units_on_the_real_model(
+    plan: TrainingPlan,
+    policy: PreTrainedPolicy,
+    trainee: nn.Module,
+    pre: PolicyProcessorPipeline,
+    device: torch.device,
+) -> ShardingPlan:
+    """The run's FSDP2 wrap units, chosen again once the main rank has run the still unsharded
+    policy on one real batch, training forward and ``select_action``: a module whose forward
+    that skips cannot be a unit (the size policy passes over it; a unit chosen by class is
+    refused, naming it). Before the first step, so that this fails with a message instead of
+    FSDP2's "mixed torch.Tensor and DTensor" in the middle of the model. Collective."""
+    bypassed = run_on_main(
+        _probe_forwards, plan, policy, trainee, pre, device, what="running the policy once"
+    )
+    return plan_sharding(trainee, plan.cfg.accelerator, type(policy)._fsdp_wrap_modules, bypassed)
+
+
+def _probe_forwards(
+    plan: TrainingPlan,
+    policy: PreTrainedPolicy,
+    trainee: nn.Module,
+    pre: PolicyProcessorPipeline,
+    device: torch.device,
+) -> dict[str, str]:
+    """find_bypassed_modules on a batch of two samples as the loop gets them; RNGs, buffers and
+    the policy's queues are left as they were."""
+    cfg = plan.cfg
+    sampler = GlobalBatchSampler(
+        len(plan.dataset),
+        min(2, cfg.batch_size),
+        dp_rank=0,
+        dp_world_size=1,
+        seed=cfg.seed,
+        indices=sample_indices(cfg.policy, plan.dataset),
+    )
+    with BatchPrefetcher(plan.dataset, sampler, 0, device=device) as loader:
+        batch = pre(loader.next())
+    features = policy.config.input_features
+    # select_action takes one observation per sample: the newest of an observation window.
+    observation = {
+        key: value[:, -1] if value.dim() == len(features[key]["shape"]) + 2 else value
+        for key, value in batch.items()
+        if key in features
+    }
+    trainee.to(device)
+    return find_bypassed_modules(
+        trainee,
+        lambda: trainee(batch),
+        lambda: policy.select_action(observation),
+        reset=policy.reset,
+    )
+
+
 def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     """Verify the checkpoint to resume from (each rank hashing a share; a fallback gives a new
     plan), then build policy, processors, wrapping, optimizer, scheduler and scaler and restore
@@ -309,9 +379,12 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     n_params = sum(p.numel() for p in trainee.parameters())
     n_trainable = sum(p.numel() for p in trainee.parameters() if p.requires_grad)
 
+    sharding = plan.sharding
+    if sharding is not None:
+        sharding = plan_units_on_the_real_model(plan, policy, trainee, pre, env.device)
     # FSDP2 neither shards nor reduces ignored parameters: their gradients are averaged here.
-    ignored = plan.sharding.ignored_parameters(trainee) if plan.sharding is not None else []
-    model = apply_parallelism(trainee, dims, env, cfg.accelerator, plan.sharding)
+    ignored = sharding.ignored_parameters(trainee) if sharding is not None else []
+    model = apply_parallelism(trainee, dims, env, cfg.accelerator, sharding)
     # Groups from the (in place sharded) policy itself: LeRobot's grouping and parameter order.
     optimizer = make_optimizer(trainee.get_optim_params(), cfg.optimizer)
     scheduler = make_scheduler(optimizer, cfg.scheduler, cfg.steps)
@@ -330,7 +403,7 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     )
     checkpoints.load(state, plan.resume)
     if env.is_main:
-        log.info("\n%s", banner(plan, env, (n_params, n_trainable)))
+        log.info("\n%s", banner(plan, env, (n_params, n_trainable), sharding))
     return Session(
         plan=plan,
         policy=policy,
