@@ -44,6 +44,9 @@ class ConvertOptions:
     # delete pytorch_model_fsdp_0/ after the written file was read back, compared tensor by
     # tensor with the shards and fsynced
     delete_dcp: bool = False
+    # with --ema.enable=true runs: the EMA policy folder's output (default: pretrained_model_ema/
+    # beside an --output_dir named pretrained_model, else <output_dir>_ema)
+    ema_output_dir: str | None = None
     push_to_hub: str | None = None  # after converting, publish the folder to this Hub repo id
     private: bool = False  # create the Hub repo as private
 
@@ -75,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         weights = convert_checkpoint(
-            options.checkpoint_dir, output_dir=options.output_dir, delete_dcp=options.delete_dcp
+            options.checkpoint_dir,
+            output_dir=options.output_dir,
+            delete_dcp=options.delete_dcp,
+            ema_output_dir=options.ema_output_dir,
         )
     except ConversionError as e:
         report_error(PROG, e)
