@@ -343,6 +343,12 @@ def _check_publishable(cfg: TrainConfig) -> None:
     problem = repo_id_problem(repo_id)
     if problem:
         raise ConfigError(f"--policy.repo_id: {problem}")
+    ema_repo = f"{repo_id}{C.EMA_REPO_SUFFIX}"
+    if cfg.ema.enable and repo_id_problem(ema_repo):
+        raise ConfigError(
+            f"--policy.repo_id={repo_id}: the EMA policy is published to {ema_repo}, "
+            f"{repo_id_problem(ema_repo)}; choose a shorter name"
+        )
     if cfg.checkpoint_format == "dcp":
         raise ConfigError(
             "--policy.push_to_hub=true publishes model.safetensors, which "

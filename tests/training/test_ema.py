@@ -17,7 +17,6 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.configs.train import EMAConfig
 from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
 from lerobot_pipe.training.ema import EMAState, ema_decay, evaluation_weights
-from lerobot_pipe.training.preflight import ConfigError, validate_config
 
 STEPS = 6
 
@@ -253,25 +252,61 @@ def test_evaluation_weights_swap_in_and_restore():
     assert all(torch.equal(live[k], v) for k, v in net.state_dict().items())
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--ema.decay=1.5"], "--ema.decay=1.5: must be in [0, 1]"),
-        (["--ema.decay=-0.1"], "--ema.decay=-0.1: must be in [0, 1]"),
-        (["--ema.min_decay=0.5", "--ema.max_decay=0.1"], "0 <= min_decay <= max_decay <= 1"),
-        (["--ema.max_decay=1.5"], "0 <= min_decay <= max_decay <= 1"),
-        (["--ema.inv_gamma=0"], "--ema.inv_gamma=0.0: must be > 0"),
-        (["--ema.power=-1"], "--ema.power=-1.0: must be > 0"),
-        (["--ema.update_after_step=-1"], "--ema.update_after_step=-1: must be >= 0"),
-        (["--ema.decay=0.99", "--ema.min_decay=0.5"], "exclude each other"),
-    ],
-)
-def test_bad_ema_values_fail_before_launch(flags, message, dataset_root):
-    from lerobot_pipe.training.preflight import parse_train_config
+def _train_and_record_shadow(argv: list[str]) -> dict:
+    """lerobot-train's library path; the shadow's names and bytes as the session built them."""
+    import os
 
-    cfg, _ = parse_train_config(
-        [*tiny_act_flags(**{"dataset.root": dataset_root}), "--ema.enable=true", *flags]
+    from lerobot_pipe.distributed.runtime import destroy, init_distributed
+    from lerobot_pipe.training.preflight import make_plan
+    from lerobot_pipe.training.train import prepare_session, run_loop
+
+    plan = make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
+    env = init_distributed()
+    try:
+        session = prepare_session(plan, env)
+        ema = session.state.ema
+        recorded = {"names": sorted(ema.shadow), "bytes": ema.local_bytes()}
+        recorded["model_bytes"] = sum(
+            p.numel() * p.element_size() for p in session.trainee.parameters()
+        )
+        run_loop(env, session)
+    finally:
+        destroy()
+    return recorded
+
+
+def test_lora_shadow_covers_the_adapters_and_resumes(schedule_run, dataset_root, tmp_path):
+    base = _step(schedule_run, STEPS) / C.PRETRAINED_MODEL_DIR
+    flags = [
+        *tiny_act_flags(**{"dataset.root": dataset_root, "batch_size": 8}),
+        "--policy.optimizer_lr=1e-2",
+        f"--policy.path={base}",
+        "--peft.method_type=LORA",
+        "--peft.r=4",
+        "--ema.enable=true",
+        "--save_freq=1",
+    ]
+    out = tmp_path / "lora"
+    recorded = _train_and_record_shadow([*flags, "--steps=3", f"--output_dir={out}"])
+    assert recorded["names"] and all("lora_" in n for n in recorded["names"])
+    assert recorded["bytes"] < recorded["model_bytes"] / 10
+    adapter = C.ADAPTER_SAFETENSORS
+    lives = [load_file(_step(out, s) / C.PRETRAINED_MODEL_DIR / adapter) for s in (1, 2, 3)]
+    want = _reference(lives, [_decay(n) for n in (1, 2, 3)])[-1]
+    ema_dir = _step(out, 3) / C.PRETRAINED_MODEL_EMA_DIR
+    assert not (ema_dir / C.MODEL_SAFETENSORS).exists()
+    ema = load_file(ema_dir / adapter)
+    _close(ema, want, 1e-6)
+    assert (ema_dir / C.ADAPTER_CONFIG_NAME).is_file()
+
+    resumed = tmp_path / "lora_resumed"
+    run_train(
+        [
+            "--resume=true",
+            f"--config_path={_step(out, 2) / C.PRETRAINED_MODEL_DIR}",
+            f"--output_dir={resumed}",
+            "--steps=3",
+        ]
     )
-    with pytest.raises(ConfigError) as e:
-        validate_config(cfg)
-    assert message in str(e.value)
+    again = load_file(_step(resumed, 3) / C.PRETRAINED_MODEL_EMA_DIR / adapter)
+    assert all(torch.equal(again[k], ema[k]) for k in ema)
