@@ -23,11 +23,17 @@ A save has two halves:
   copies (next to nccl on GPU), never interleaved with the loop's. The bytes written are the
   same either way.
 
+With ``--ema.enable=true`` the EMA policy (:mod:`lerobot_pipe.training.ema`: the model's state
+with the shadow in place of the trained parameters) goes the same two ways into
+``pretrained_model_ema/``: gathered for its ``model.safetensors`` (in the loop, or from staged
+shards in the background), saved as DCP shards by every rank, its folder written by the same
+``pretrained`` writer; its update count into ``training_state/ema_state.json``.
+
 At most one save is in flight: the next save, the end of training (:meth:`CheckpointWriter.close`)
 and a clean shutdown after an error (:meth:`CheckpointWriter.shutdown`) wait for it. A killed
 trainer's save in flight leaves only its ``.tmp-<step>/``, which the next start removes.
 
-Why not ``dcp.async_save``: one checkpoint of this layout is up to two DCP folders plus the main
+Why not ``dcp.async_save``: one checkpoint of this layout is up to three DCP folders plus the main
 rank's files plus a manifest collective and the publication, which must follow all of them in
 one order on every rank; ``async_save`` runs each DCP save in its own executor thread with its
 own collectives and returns a future per folder, with no place for the hashing and publication.

@@ -59,6 +59,17 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _mesh_device(t: DTensor) -> torch.device:
+    """Where the collectives of ``t``'s mesh run (its local tensor is on the CPU with FSDP2's
+    CPU offload, the mesh on the accelerator)."""
+    local = _local(t).device
+    return (
+        local
+        if local.type == t.device_mesh.device_type
+        else torch.device(t.device_mesh.device_type)
+    )
+
+
 class EMAState(Stateful):
     """The shadow of ``module``'s trainable parameters (``module`` is the policy, or its PEFT
     wrapper: sharded in place by FSDP2, not the DDP wrapper) and the number of updates."""
@@ -131,7 +142,7 @@ class EMAState(Stateful):
         main = not dist.is_initialized() or dist.get_rank() == 0
         full = {}
         for name, t in self.shadow.items():
-            whole = t.full_tensor() if isinstance(t, DTensor) else t
+            whole = t.to(_mesh_device(t)).full_tensor() if isinstance(t, DTensor) else t
             if main:
                 full[name] = whole.detach().cpu()
         return full if main else None
@@ -142,7 +153,7 @@ class EMAState(Stateful):
         distributed = dist.is_initialized()
         with torch.no_grad():
             for name, t in self.shadow.items():
-                device = _local(t).device
+                device = _mesh_device(t) if isinstance(t, DTensor) else _local(t).device
                 if full is not None:
                     whole = full[name].to(device=device, dtype=torch.float32)
                 else:

@@ -47,6 +47,18 @@ TOPOLOGIES = {
             "--checkpoint_format=safetensors_dcp",
         ],
     ),
+    # model.safetensors of an async sharded save: gathered in the background from staged shards.
+    "fsdp2_async_safetensors": (
+        2,
+        4,
+        ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors", "--checkpoint_async=true"],
+    ),
+}
+# What each run writes of the EMA policy: its DCP shards, the gathered model.safetensors.
+WRITES = {
+    "fsdp2": (True, False),
+    "hsdp": (True, True),
+    "fsdp2_async_safetensors": (False, True),
 }
 
 
@@ -111,24 +123,26 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
-@pytest.mark.parametrize("name", ["fsdp2", "hsdp"])
+@pytest.mark.parametrize("name", list(WRITES))
 def test_sharded_shadow_equals_one_process(runs, name):
     """The EMA after each update is a convex combination of the weights so far: it agrees with
-    one process's as closely as those weights do, within 1e-5."""
+    one process's as closely as those weights do, within 1e-5; the shards and the gathered file
+    (in the loop, or in the background) hold the same bytes."""
     single, _ = runs["single"]
     out, _ = runs[name]
+    writes_dcp, writes_file = WRITES[name]
     for step in range(1, TOTAL + 1):
         live = C.PRETRAINED_MODEL_DIR
         live_diff = _max_diff(_weights(single, step, live), _weights(out, step, live))
         ema_dir = _folder(out, step, C.PRETRAINED_MODEL_EMA_DIR)
-        shards = load_dcp_state_dict(ema_dir / C.MODEL_DCP_DIR)
-        ema_diff = _max_diff(_weights(single, step, C.PRETRAINED_MODEL_EMA_DIR), shards)
+        assert (ema_dir / C.MODEL_DCP_DIR).is_dir() == writes_dcp
+        assert (ema_dir / C.MODEL_SAFETENSORS).is_file() == writes_file
+        ema = _weights(out, step, C.PRETRAINED_MODEL_EMA_DIR)
+        ema_diff = _max_diff(_weights(single, step, C.PRETRAINED_MODEL_EMA_DIR), ema)
         print(f"{name} step {step}: live weights differ by {live_diff:.2e}, EMA by {ema_diff:.2e}")
         assert live_diff < 1e-5 and ema_diff < 1e-5, (name, step, live_diff, ema_diff)
-        if name == "hsdp":  # gathered in the loop: the same bytes as the shards
-            assert _max_diff(load_file(ema_dir / C.MODEL_SAFETENSORS), shards) == 0.0
-        else:
-            assert not (ema_dir / C.MODEL_SAFETENSORS).exists()
+        if writes_dcp and writes_file:
+            assert _max_diff(ema, load_dcp_state_dict(ema_dir / C.MODEL_DCP_DIR)) == 0.0
 
 
 def test_shadow_memory_is_one_shard_per_rank(runs):
