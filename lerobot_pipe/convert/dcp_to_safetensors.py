@@ -619,16 +619,21 @@ def convert_checkpoint(
     ema = ema_policy_dir(pretrained)
     weights = convert_pretrained(pretrained, output_dir=output_dir, delete_dcp=delete_dcp)
     if ema is not None:
-        if ema_output_dir is None and output_dir is not None:
-            out = Path(output_dir).expanduser()
-            name = (
-                C.PRETRAINED_MODEL_EMA_DIR
-                if out.name == C.PRETRAINED_MODEL_DIR
-                else f"{out.name}_ema"
-            )
-            ema_output_dir = out.with_name(name)
-        convert_pretrained(ema, output_dir=ema_output_dir, delete_dcp=delete_dcp)
+        convert_pretrained(
+            ema, output_dir=ema_output_folder(output_dir, ema_output_dir), delete_dcp=delete_dcp
+        )
     return weights
+
+
+def ema_output_folder(
+    output_dir: str | os.PathLike[str] | None, ema_output_dir: str | os.PathLike[str] | None
+) -> Path | None:
+    """Where :func:`convert_checkpoint` writes the EMA policy (None: in place)."""
+    if ema_output_dir is not None or output_dir is None:
+        return None if ema_output_dir is None else Path(ema_output_dir).expanduser()
+    out = Path(output_dir).expanduser()
+    name = C.PRETRAINED_MODEL_EMA_DIR if out.name == C.PRETRAINED_MODEL_DIR else f"{out.name}_ema"
+    return out.with_name(name)
 
 
 def convert_pretrained(

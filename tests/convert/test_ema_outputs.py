@@ -83,3 +83,17 @@ def test_conversion_to_an_output_tree_and_publishing(dcp_step, tmp_path, hub_ser
         (out / C.MODEL_SAFETENSORS).read_bytes()
     )
     assert "ema" in receipt.to_json()
+
+
+def test_convert_cli_pushes_the_ema_policy_too(dcp_step, tmp_path, hub_server, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("HF_TOKEN", hub_server.token)
+    out = tmp_path / "exported"
+    argv = [f"--checkpoint_dir={dcp_step}", f"--output_dir={out}", "--push_to_hub=alice/cli"]
+    assert convert_main(argv) == 0
+    ema_out = tmp_path / "exported_ema"
+    assert hub_server.read_file("alice/cli-ema", C.MODEL_SAFETENSORS) == (
+        (ema_out / C.MODEL_SAFETENSORS).read_bytes()
+    )
+    assert hub_server.read_file("alice/cli", C.MODEL_SAFETENSORS) == (
+        (out / C.MODEL_SAFETENSORS).read_bytes()
+    )
