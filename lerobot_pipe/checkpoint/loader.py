@@ -121,23 +121,23 @@ def _load_ema(state: TrainState, step_dir: Path, reads: bool) -> None:
             None,
         )
         if weights_file is None and (ema_dir / C.MODEL_DCP_DIR).is_dir():
-            shadow = dict(ema.shadow)  # DCP loads into these tensors, resharding as needed
-            _dcp_load(shadow, ema_dir / C.MODEL_DCP_DIR)
-            ema.load_state_dict({**ema.counters(), "shadow": shadow})
+            # Into the shadow's own tensors (this rank's shards), resharded as needed.
+            _dcp_load(dict(ema.shadow), ema_dir / C.MODEL_DCP_DIR)
             return
         if weights_file is None:
             raise CheckpointError(
                 f"{ema_dir} holds no loadable EMA weights (but {counters} exists)"
             )
+        adapter = weights_file.name == C.ADAPTER_SAFETENSORS
+        key_map = state.model.adapter_key_map
+        if adapter and key_map is None:  # on every rank: none waits in a collective
+            raise CheckpointError(
+                f"{weights_file} holds PEFT adapters: resume it with its --peft.* flags"
+            )
         full = None
         if reads:
             full = load_safetensors(weights_file)
-            if weights_file.name == C.ADAPTER_SAFETENSORS:
-                key_map = state.model.adapter_key_map
-                if key_map is None:
-                    raise CheckpointError(
-                        f"{weights_file} holds PEFT adapters: resume it with its --peft.* flags"
-                    )
+            if adapter:
                 full = key_map(full)
         _load_full_shadow(ema, full, weights_file)
     elif lerobot_file.is_file():
@@ -145,14 +145,15 @@ def _load_ema(state: TrainState, step_dir: Path, reads: bool) -> None:
         if reads:
             # LeRobot main's file is a pickle: weights_only refuses anything but tensors and
             # plain containers.
-            saved = torch.load(lerobot_file, map_location="cpu", weights_only=True)
             try:
+                saved = torch.load(lerobot_file, map_location="cpu", weights_only=True)
                 full = ema.from_lerobot(saved)
-            except ValueError as e:
-                problem = str(e)
+            except Exception as e:  # noqa: BLE001 - every rank must hear of it (a collective)
+                problem = f"{type(e).__name__}: {e}"
         ema.load_counters(broadcast_from_main(ema.counters()))
         _load_full_shadow(ema, full, lerobot_file, problem)
-        log.info("Resumed the EMA shadow from LeRobot's %s", lerobot_file)
+        if reads:
+            log.info("Resumed the EMA shadow from LeRobot's %s", lerobot_file)
     else:
         ema.reset()
         if reads:

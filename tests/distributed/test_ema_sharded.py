@@ -165,7 +165,10 @@ def test_shadow_memory_is_one_shard_per_rank(runs):
     )
 
 
-@pytest.mark.parametrize(("source", "target"), [("fsdp2", "single"), ("hsdp", "fsdp2")])
+# From DCP shards onto one process and onto a 2-D mesh; from model.safetensors onto shards.
+@pytest.mark.parametrize(
+    ("source", "target"), [("fsdp2", "single"), ("fsdp2", "hsdp"), ("hsdp", "fsdp2")]
+)
 def test_resume_reshards_the_shadow(runs, source, target, tmp_path):
     src, _ = runs[source]
     out = tmp_path / target

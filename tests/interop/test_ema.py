@@ -78,6 +78,21 @@ def test_lerobot_loads_the_ema_policy_strictly_and_acts_with_its_weights(
     assert (ema["chunk"] - live["chunk"]).abs().max() > 1e-4
 
 
+def test_lerobot_main_shadow_order_is_our_parameter_order(lerobot_acts, ema_step):
+    """LeRobot main's ema_state.pt lists the shadow by position, in the order of its policy's
+    parameters(): LeRobot's ACT registers its parameters in the order ours does, so a resume
+    maps each tensor onto the parameter of the same name."""
+    from lerobot_pipe.policies.factory import get_policy_class
+    from lerobot_pipe.policies.pretrained import PreTrainedConfig
+
+    folder = ema_step / C.PRETRAINED_MODEL_EMA_DIR
+    theirs = lerobot_acts.json(f"{C.PRETRAINED_MODEL_EMA_DIR}.safetensors.parameters.json")
+    config = PreTrainedConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        ours = [n for n, _ in get_policy_class(config.type)(config).named_parameters()]
+    assert ours == theirs
+
+
 def test_decays_are_diffusers_ema_model_rule(lerobot_acts):
     """LeRobot main builds diffusers' EMAModel with use_ema_warmup=True and, for a constant
     --ema.decay, min_decay = decay = max_decay; its get_decay against ours, update by update."""

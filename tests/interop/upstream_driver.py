@@ -84,6 +84,9 @@ def job_strict_actions(spec: dict) -> None:
         cfg, pretrained_path=spec["pretrained"], preprocessor_overrides=overrides
     )
     _act(spec, cfg, policy, pre, post)
+    # The order of policy.parameters(): diffusers' EMAModel.shadow_params (ema_state.pt) follow it.
+    names = [name for name, _ in policy.named_parameters()]
+    Path(spec["out"] + ".parameters.json").write_text(json.dumps(names))
 
 
 def job_ema_decays(spec: dict) -> None:
