@@ -279,7 +279,7 @@ class CheckpointWriter:
         if self.write_safetensors and not self.gather_in_background:
             shadow = state.ema.full_shadow()  # collective; None on ranks other than 0
             if self.is_main:
-                snap.ema_full = {**snap.full_model, **shadow}
+                snap.ema_full = state.ema.weights(snap.full_model, shadow)
         if self.write_dcp or self.gather_in_background:
             snap.ema_local = state.ema.weights(snap.model_local)
         snap.ema_counters = state.ema.counters()

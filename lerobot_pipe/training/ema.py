@@ -131,10 +131,17 @@ class EMAState(Stateful):
                     _local(self.shadow[name]).copy_(_local(value))
         self.load_counters(state_dict)
 
-    def weights(self, model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The EMA policy's state dict: ``model_state`` (the live one, local or whole) with the
-        shadow in place of the trainable parameters."""
-        return {**model_state, **{k: v for k, v in self.shadow.items() if k in model_state}}
+    def weights(
+        self, model_state: dict[str, torch.Tensor], shadow: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The EMA policy's state dict: ``model_state`` (the live one, this rank's part or whole)
+        with ``shadow`` (this rank's, or :meth:`full_shadow`'s) in place of the trained
+        parameters."""
+        shadow = self.shadow if shadow is None else shadow
+        unknown = sorted(set(shadow) - set(model_state))
+        if unknown:  # the parameters' names are the state dict's keys on every topology
+            raise KeyError(f"EMA shadow keys missing from the model's state dict: {unknown[:3]}")
+        return {**model_state, **shadow}
 
     def full_shadow(self) -> dict[str, torch.Tensor] | None:
         """Collective on the training group: every shadow tensor whole, on CPU, on the main rank
