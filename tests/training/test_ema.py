@@ -71,7 +71,8 @@ def schedule_run(common, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def constant_run(common, tmp_path_factory):
-    """Constant decay 0.9 after one copied update, 2 micro-batches per update, both formats."""
+    """Constant decay 0.9 after one copied update, 2 micro-batches per update, both formats,
+    written in the background (the shadow staged with the rest)."""
     out = tmp_path_factory.mktemp("ema") / "constant"
     run_train(
         [
@@ -81,6 +82,7 @@ def constant_run(common, tmp_path_factory):
             "--save_freq=2",
             "--accelerator.gradient_accumulation.steps=2",
             "--checkpoint_format=safetensors_dcp",
+            "--checkpoint_async=true",
             "--ema.enable=true",
             "--ema.decay=0.9",
             "--ema.update_after_step=1",
