@@ -227,6 +227,24 @@ class TrackioConfig:
 
 
 @dataclass
+class EMAConfig:
+    """An exponential moving average (EMA) of the policy's weights: LeRobot main's ``--ema.*``
+    (after 0.6.1), diffusers' ``EMAModel`` rule, per optimizer update (not per micro-batch).
+    The decay of update n is 0 while ``t = n - update_after_step - 1 <= 0`` (a copy), then
+    ``1 - (1 + t / inv_gamma) ** -power`` clamped to ``[min_decay, max_decay]``, or the constant
+    ``decay`` when set. lerobot_pipe/training/ema.py."""
+
+    enable: bool = False  # keep the EMA shadow, checkpoint it, write pretrained_model_ema/
+    decay: float | None = None  # a constant decay (openpi's pi0: 0.99); unset: the schedule
+    update_after_step: int = 0  # optimizer updates during which the shadow copies the weights
+    inv_gamma: float = 1.0  # the schedule's 1 / gamma
+    power: float = 0.75  # the schedule's power
+    min_decay: float = 0.0  # the schedule's lower bound
+    max_decay: float = 0.9999  # the schedule's upper bound
+    use_for_eval: bool = True  # evaluate the EMA weights (held-out loss: the live ones)
+
+
+@dataclass
 class TrainConfig:
     """Train a LeRobot policy on one process or many (DDP, FSDP2, HSDP); every input is checked
     before a process group starts.
@@ -285,6 +303,8 @@ class TrainConfig:
     checkpoint_async: bool = field(default=False, metadata=OMIT_AT_DEFAULT)
     # Keep only the newest N complete checkpoints (and the one `last` points to); 0 keeps all.
     checkpoint_keep_last: int = field(default=0, metadata=OMIT_AT_DEFAULT)
+    # EMA of the weights (LeRobot main's --ema.*, after 0.6.1): written only when changed.
+    ema: EMAConfig = field(default_factory=EMAConfig, metadata=OMIT_AT_DEFAULT)
 
 
 # Top-level keys of train_config.json that LeRobot 0.6.1 does not know (its docs describe them).

@@ -43,6 +43,7 @@ from lerobot_pipe.configs.train import (
     CHECKPOINT_FORMATS,
     MIXED_PRECISION_CHOICES,
     PEFT_METHODS,
+    EMAConfig,
     TrainConfig,
 )
 from lerobot_pipe.datasets import (
@@ -283,6 +284,7 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
         )
     if cfg.policy.push_to_hub:
         _check_publishable(cfg)
+    _validate_ema(cfg.ema)
     if cfg.job_name is not None and ("/" in cfg.job_name or cfg.job_name.startswith(".")):
         raise ConfigError(
             f"--job_name={cfg.job_name!r}: must be a plain name (no '/', not starting with '.')"
@@ -307,6 +309,31 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
     )
 
 
+def _validate_ema(ema: EMAConfig) -> None:
+    """LeRobot main's checks of ``--ema.*`` (its EMAConfig.__post_init__), as one-line errors."""
+    if not 0.0 <= ema.min_decay <= ema.max_decay <= 1.0:
+        raise ConfigError(
+            f"--ema.min_decay={ema.min_decay} --ema.max_decay={ema.max_decay}: need "
+            "0 <= min_decay <= max_decay <= 1"
+        )
+    if ema.inv_gamma <= 0:
+        raise ConfigError(f"--ema.inv_gamma={ema.inv_gamma}: must be > 0")
+    if ema.power <= 0:
+        raise ConfigError(f"--ema.power={ema.power}: must be > 0")
+    if ema.update_after_step < 0:
+        raise ConfigError(f"--ema.update_after_step={ema.update_after_step}: must be >= 0")
+    if ema.decay is None:
+        return
+    if not 0.0 <= ema.decay <= 1.0:
+        raise ConfigError(f"--ema.decay={ema.decay}: must be in [0, 1]")
+    defaults = EMAConfig()
+    if (ema.min_decay, ema.max_decay) != (defaults.min_decay, defaults.max_decay):
+        raise ConfigError(
+            f"--ema.decay={ema.decay} (a constant decay) and --ema.min_decay / --ema.max_decay "
+            "(the schedule's bounds) exclude each other: set one or the other"
+        )
+
+
 def _check_publishable(cfg: TrainConfig) -> None:
     """--policy.push_to_hub publishes the final checkpoint after training: everything it needs
     is checked now, not after the last step. The token is only looked up (no request)."""
@@ -316,6 +343,12 @@ def _check_publishable(cfg: TrainConfig) -> None:
     problem = repo_id_problem(repo_id)
     if problem:
         raise ConfigError(f"--policy.repo_id: {problem}")
+    ema_repo = f"{repo_id}{C.EMA_REPO_SUFFIX}"
+    if cfg.ema.enable and repo_id_problem(ema_repo):
+        raise ConfigError(
+            f"--policy.repo_id={repo_id}: the EMA policy is published to {ema_repo}, "
+            f"{repo_id_problem(ema_repo)}; choose a shorter name"
+        )
     if cfg.checkpoint_format == "dcp":
         raise ConfigError(
             "--policy.push_to_hub=true publishes model.safetensors, which "

@@ -58,6 +58,7 @@ from lerobot_pipe.processors import (
     make_pre_post_processors,
 )
 from lerobot_pipe.training import faults
+from lerobot_pipe.training.ema import EMAState
 from lerobot_pipe.training.optim import make_optimizer, make_scheduler
 from lerobot_pipe.training.preflight import TrainingPlan, sample_indices
 from lerobot_pipe.training.progress import EventChannel, ProgressReporter
@@ -101,6 +102,18 @@ def banner(
                 + ", ".join(sharding.passed_over)
             )
         lines.append(line)
+    if cfg.ema.enable:
+        ema = cfg.ema
+        schedule = (
+            f"constant decay {ema.decay}"
+            if ema.decay is not None
+            else f"decay schedule inv_gamma={ema.inv_gamma} power={ema.power} "
+            f"in [{ema.min_decay}, {ema.max_decay}]"
+        )
+        lines.append(
+            f"EMA of the weights: {schedule}, update_after_step={ema.update_after_step}, "
+            f"use_for_eval={ema.use_for_eval}"
+        )
     if plan.resume_from is not None:
         lines.append(f"Resuming from {plan.resume_from} (step {plan.start_step})")
     return "\n".join(lines)
@@ -397,6 +410,8 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         PolicyFiles(policy, trainee, pre, post, cfg),
         scheduler=scheduler,
         scaler=scaler,
+        # The shadow of the trainee's (sharded in place) parameters: training/ema.py.
+        ema=EMAState(trainee, cfg.ema) if cfg.ema.enable else None,
         adapter_key_map=(lambda sd: {adapter_keys[k]: v for k, v in sd.items()})
         if adapter_keys
         else None,
@@ -423,7 +438,7 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
     cfg, dims = plan.cfg, plan.dims
     ga = cfg.accelerator.gradient_accumulation.steps
     model, optimizer = session.model, session.optimizer
-    scheduler, scaler = state.scheduler, state.scaler
+    scheduler, scaler, ema = state.scheduler, state.scaler, state.ema
     pre, ignored, start_step = session.pre, session.ignored, state.progress.step
     if start_step >= cfg.steps:
         checkpoints.shutdown()
@@ -487,6 +502,8 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
                 faults.fault_point("train:after_optimizer_step")
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
+                if ema is not None:  # once per optimizer update (a skipped fp16 one too)
+                    ema.update()
             if scheduler is not None:
                 scheduler.step()
             running[0] += loss.detach().float()

@@ -204,6 +204,33 @@ CASES = [
         {},
         "choose one of float32, bfloat16, float16",
     ),
+    ("ema-decay-range", ["--ema.decay=1.5"], {}, "--ema.decay=1.5: must be in [0, 1]"),
+    (
+        "ema-bounds",
+        ["--ema.min_decay=0.5", "--ema.max_decay=0.1"],
+        {},
+        "need 0 <= min_decay <= max_decay <= 1",
+    ),
+    ("ema-inv-gamma", ["--ema.inv_gamma=0"], {}, "--ema.inv_gamma=0.0: must be > 0"),
+    ("ema-power", ["--ema.power=-1"], {}, "--ema.power=-1.0: must be > 0"),
+    (
+        "ema-update-after-step",
+        ["--ema.update_after_step=-1"],
+        {},
+        "--ema.update_after_step=-1: must be >= 0",
+    ),
+    (
+        "ema-decay-and-bounds",
+        ["--ema.decay=0.99", "--ema.min_decay=0.5"],
+        {},
+        "exclude each other: set one or the other",
+    ),
+    (
+        "push-ema-repo-too-long",
+        ["--policy.push_to_hub=true", f"--policy.repo_id=me/{'a' * 94}", "--ema.enable=true"],
+        {"HF_TOKEN": "hf_test"},
+        "the EMA policy is published to me/",
+    ),
     (
         "accelerate-mixed-precision-env",
         [],
