@@ -1,0 +1,171 @@
+"""--wandb.*: the real W&B client in offline mode (no network) writes LeRobot's metric names,
+checkpoint artifacts and tags into <output_dir>/wandb/, read back with W&B's own reader; a
+resumed run continues the same run id."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from tiny import run_train, tiny_act_flags
+
+pytest.importorskip("wandb")
+
+from lerobot_pipe.training.trackers import MetricsLog, saved_run_id  # noqa: E402
+
+TRAIN_KEYS = {
+    "train/loss",
+    "train/grad_norm",
+    "train/lr",
+    "train/samples_per_s",
+    "train/dataloading_s",
+    "train/preprocessing_s",
+    "train/update_s",
+    "train/step_s",
+    "train/steps",
+    "train/samples",
+    "train/episodes",
+    "train/epochs",
+}
+
+
+def _scan(path: Path) -> list:
+    from wandb.proto import wandb_internal_pb2 as pb
+    from wandb.sdk.internal import datastore
+
+    store = datastore.DataStore()
+    store.open_for_scan(str(path))
+    records = []
+    while (data := store.scan_data()) is not None:
+        record = pb.Record()
+        record.ParseFromString(data)
+        records.append(record)
+    return records
+
+
+def read_wandb_run(run_dir: Path, timeout: float = 30.0) -> dict:
+    """A run folder's records, through wandb's own reader of its transaction log (.wandb).
+    ``run.finish()`` returns before W&B's service process has written the log out: wait for
+    its last record (``exit``)."""
+    (path,) = run_dir.glob("run-*.wandb")
+    deadline = time.monotonic() + timeout
+    while True:
+        records = _scan(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        assert time.monotonic() < deadline, f"{path}: no exit record after {timeout} s"
+        time.sleep(0.1)
+    out: dict = {"history": [], "artifacts": []}
+    for record in records:
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+            out |= {"id": run.run_id, "name": run.display_name, "project": run.project}
+            out |= {"tags": list(run.tags), "job_type": run.job_type}
+            config = run.config.update
+            out["config"] = {
+                i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in config
+            }
+        elif kind == "history":
+            items = record.history.item
+            out["history"].append(
+                {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
+            )
+        elif kind == "artifact":
+            artifact = record.artifact
+            files = sorted(e.path for e in artifact.manifest.contents)
+            out["artifacts"].append((artifact.name, artifact.type, files))
+    return out
+
+
+@pytest.fixture(scope="module")
+def wandb_env(tmp_path_factory):
+    """W&B's own folders (cache, artifact staging, settings) in a temporary folder, no key."""
+    home = tmp_path_factory.mktemp("wandb-home")
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+            mp.setenv(name, str(home / name.lower()))
+        for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_RUN_ID", "WANDB_DIR"):
+            mp.delenv(name, raising=False)
+        mp.setenv("NETRC", str(home / "no-netrc"))
+        yield home
+
+
+@pytest.fixture(scope="module")
+def wandb_runs(dataset_root, wandb_env, tmp_path_factory):
+    """Run 1: 4 steps, logged at 2 and 4, checkpoints 2 and 4; run 2 resumes it to step 6."""
+    out = tmp_path_factory.mktemp("wandb") / "out"
+    flags = tiny_act_flags(
+        **{"dataset.root": dataset_root, "log_freq": 2, "save_freq": 2, "batch_size": 4}
+    )
+    common = [*flags, "--wandb.enable=true", "--wandb.mode=offline", "--job_name=wb"]
+    run_train([*common, "--steps=4", f"--output_dir={out}"])
+    first = sorted((out / "wandb").glob("offline-run-*"))
+    run_train([*common, "--steps=6", "--resume=true", f"--output_dir={out}"])
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(first) == 1 and len(runs) == 2
+    second = next(r for r in runs if r != first[0])
+    return out, read_wandb_run(first[0]), read_wandb_run(second)
+
+
+def test_train_metrics_with_lerobots_names(wandb_runs):
+    out, first, _ = wandb_runs
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in first["history"] if any(k.startswith("train/") for k in r)]
+    assert [r["_step"] for r in rows] == [2, 4]
+    for row, record in zip(rows, metrics[:2], strict=True):
+        assert TRAIN_KEYS <= set(row), sorted(row)
+        assert row["train/loss"] == pytest.approx(record["loss"])
+        assert row["train/step_s"] == pytest.approx(record["step_s"])
+        assert row["train/samples"] == record["samples"] == 4 * row["_step"]
+        assert row["train/steps"] == row["_step"]
+    assert first["name"] == "wb" and first["project"] == "lerobot"
+    assert first["job_type"] == "train_eval"
+    assert first["tags"] == ["policy:act", "seed:1000", "dataset:ds"]
+    assert first["config"]["steps"] == 4 and first["config"]["wandb"]["enable"] is True
+
+
+def test_checkpoints_are_model_artifacts(wandb_runs):
+    _, first, second = wandb_runs
+    name = "policy_act-seed_1000-dataset_ds-{}"
+    assert first["artifacts"] == [
+        (name.format("000002"), "model", ["model.safetensors"]),
+        (name.format("000004"), "model", ["model.safetensors"]),
+    ]
+    # The resumed run logs its own checkpoint only, not the one it resumed from.
+    assert second["artifacts"] == [(name.format("000006"), "model", ["model.safetensors"])]
+
+
+def test_a_resumed_run_continues_the_same_run_id(wandb_runs):
+    out, first, second = wandb_runs
+    assert second["id"] == first["id"] == saved_run_id(out)
+    steps = [r["_step"] for r in second["history"] if "train/loss" in r]
+    assert steps == [6]
+
+
+def test_eval_records_are_logged_under_eval(wandb_env, dataset_root, tmp_path):
+    """Nothing produces evaluation metrics yet (issue #22): the logger takes them directly."""
+    from lerobot_pipe.configs.parser import replace
+    from lerobot_pipe.training.preflight import parse_train_config, validate_config
+
+    argv = [*tiny_act_flags(**{"dataset.root": dataset_root}), "--wandb.enable=true"]
+    cfg, _ = parse_train_config([*argv, "--wandb.mode=offline", "--wandb.add_tags=false"])
+    cfg = replace(validate_config(cfg), output_dir=str(tmp_path))
+    log = MetricsLog(cfg, start_step=0, is_main=True, num_frames=1000, num_episodes=20)
+    log.log({"step": 3, "loss": 0.25, "samples": 24})
+    log.log({"step": 3, "eval_loss": 0.5, "avg_sum_reward": 1.5}, mode="eval")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        log.log({"step": 3, "x": 1.0}, mode="test")
+    log.close()
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    run = read_wandb_run(run_dir)
+    (row,) = run["history"]
+    assert row["_step"] == 3 and row["eval/eval_loss"] == 0.5 and row["eval/avg_sum_reward"] == 1.5
+    assert row["train/loss"] == 0.25 and row["train/epochs"] == 24 / 1000
+    assert run["tags"] == []
+    # metrics.jsonl is the training curve: the eval record is not in it.
+    assert [
+        json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ] == [3]
