@@ -169,3 +169,92 @@ def test_eval_records_are_logged_under_eval(wandb_env, dataset_root, tmp_path):
     assert [
         json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
     ] == [3]
+
+
+def test_async_checkpoints_are_logged_once_durable(wandb_env, dataset_root, tmp_path):
+    """Async saves: each checkpoint is logged when it is durable (the save after it, or the
+    end); retention deletes the older folders afterwards, their artifacts are kept."""
+    flags = tiny_act_flags(**{"dataset.root": dataset_root, "log_freq": 2, "save_freq": 2})
+    out = tmp_path / "out"
+    run_train(
+        [
+            *flags,
+            "--steps=6",
+            "--wandb.enable=true",
+            "--wandb.mode=offline",
+            "--checkpoint_async=true",
+            "--checkpoint_keep_last=1",
+            f"--output_dir={out}",
+        ]
+    )
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["000006", "last"]
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    names = [a[0].rsplit("-", 1)[1] for a in read_wandb_run(run_dir)["artifacts"]]
+    assert names == ["000002", "000004", "000006"]
+
+
+def test_a_dcp_only_checkpoint_logs_no_artifact(wandb_env, dataset_root, tmp_path, caplog):
+    """--checkpoint_format=dcp: the weights are DCP shards only; no artifact, said once."""
+    from lerobot_pipe.configs.parser import replace
+    from lerobot_pipe.training.preflight import parse_train_config, validate_config
+
+    argv = [*tiny_act_flags(**{"dataset.root": dataset_root}), "--checkpoint_format=dcp"]
+    cfg, _ = parse_train_config([*argv, "--wandb.enable=true", "--wandb.mode=offline"])
+    cfg = replace(validate_config(cfg), output_dir=str(tmp_path))
+    log = MetricsLog(cfg, start_step=0, is_main=True)
+    for step in ("000002", "000004"):
+        pretrained = tmp_path / "checkpoints" / step / "pretrained_model"
+        (pretrained / "pytorch_model_fsdp_0").mkdir(parents=True)
+        (pretrained / "config.json").write_text("{}")
+        log.checkpoint(pretrained.parent)
+    log.close()
+    warnings = [r.message for r in caplog.records if "no W&B model artifact" in r.message]
+    assert len(warnings) == 1 and "--checkpoint_format=safetensors_dcp" in warnings[0]
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert read_wandb_run(run_dir)["artifacts"] == []
+
+
+def _no_network_prefix() -> list[str]:
+    """A command prefix that runs a process in a network namespace of its own (no interface
+    but a loopback that is down), or [] where unshare cannot make one."""
+    import shutil
+    import subprocess
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return []
+    ok = subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode == 0
+    return [unshare, "-rn"] if ok else []
+
+
+def test_offline_mode_needs_no_network(wandb_env, dataset_root, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    prefix = _no_network_prefix()
+    if not prefix:
+        pytest.skip("unshare -rn (a network namespace) is not available here")
+    flags = tiny_act_flags(**{"dataset.root": dataset_root, "steps": 2, "save_freq": 2})
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            *prefix,
+            sys.executable,
+            "-m",
+            "lerobot_pipe.scripts.train",
+            *flags,
+            "--wandb.enable=true",
+            "--wandb.mode=offline",
+            f"--output_dir={out}",
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    run = read_wandb_run(run_dir)
+    assert [r["_step"] for r in run["history"] if "train/loss" in r] == [1, 2]
+    assert len(run["artifacts"]) == 1
