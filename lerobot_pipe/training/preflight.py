@@ -65,7 +65,7 @@ from lerobot_pipe.policies.vision.imagenet_weights import (
     offline_requested,
 )
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
-from lerobot_pipe.training.trackers import wandb_problem
+from lerobot_pipe.training.trackers import TrackerError, wandb_problem
 
 if TYPE_CHECKING:
     from lerobot_pipe.distributed.parallelize import ShardingPlan
@@ -80,6 +80,7 @@ USER_ERRORS = (
     AccelerateEnvError,
     RunLockError,
     PublishError,
+    TrackerError,
 )
 
 

@@ -37,6 +37,11 @@ _TAG_MAX = 64  # W&B refuses longer tags
 MODES = ("train", "eval")
 
 
+class TrackerError(RuntimeError):
+    """A tracker could not start its run (a W&B login the server refused, ...): a user error,
+    printed as one line."""
+
+
 def wandb_mode(cfg: WandBConfig, env: Mapping[str, str] = os.environ) -> str:
     """The mode the run logs in: ``--wandb.mode``, else ``$WANDB_MODE`` (W&B's own variable),
     else online. (LeRobot 0.6.1 takes an unset mode as online and ignores ``$WANDB_MODE``.)"""
@@ -142,22 +147,32 @@ class WandBLogger:
                 self.output_dir / WANDB_DIR,
             )
         self._wandb = wandb
-        self.run = wandb.init(
-            id=run_id,
-            project=cfg.wandb.project,
-            entity=cfg.wandb.entity,
-            name=cfg.job_name,
-            notes=cfg.wandb.notes,
-            tags=wandb_tags(cfg) if cfg.wandb.add_tags else None,
-            dir=str(self.output_dir),
-            config=to_dict(cfg),
-            save_code=False,
-            job_type="train_eval",
-            # "allow": the run continues when the server has it, and starts under the same id
-            # when it does not (an offline run, or one that never synced).
-            resume="allow" if run_id else None,
-            mode=wandb_mode(cfg.wandb, env),
-        )
+        mode = wandb_mode(cfg.wandb, env)
+        try:
+            self.run = wandb.init(
+                id=run_id,
+                project=cfg.wandb.project,
+                entity=cfg.wandb.entity,
+                name=cfg.job_name,
+                notes=cfg.wandb.notes,
+                tags=wandb_tags(cfg) if cfg.wandb.add_tags else None,
+                dir=str(self.output_dir),
+                config=to_dict(cfg),
+                save_code=False,
+                job_type="train_eval",
+                # "allow": the run continues when the server has it, and starts under the same
+                # id when it does not (an offline run, or one that never synced).
+                resume="allow" if run_id else None,
+                mode=mode,
+            )
+        except Exception as e:  # noqa: BLE001 - wandb's errors (login, network) as one line
+            message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            hint = (
+                "; check WANDB_API_KEY or `wandb login`, or pass --wandb.mode=offline"
+                if mode == "online"
+                else ""
+            )
+            raise TrackerError(f"W&B could not start its run ({mode}): {message}{hint}") from e
         self.run_id = self.run.id
         self._artifacts = not cfg.wandb.disable_artifact
         log.info("W&B run %s (%s): %s", self.run_id, self.run.settings.mode, self._url())

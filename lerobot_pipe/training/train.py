@@ -57,7 +57,7 @@ from lerobot_pipe.training.preflight import TrainingPlan, sample_indices
 from lerobot_pipe.training.progress import EventChannel, ProgressReporter
 from lerobot_pipe.training.run_lock import RunLock, RunLockError, acquire_run_lock
 from lerobot_pipe.training.step_time import StepTimer
-from lerobot_pipe.training.trackers import MetricsLog
+from lerobot_pipe.training.trackers import MetricsLog, TrackerError
 
 log = logging.getLogger("lerobot_pipe.train")
 
@@ -332,14 +332,7 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
         indices=sample_indices(cfg.policy, plan.dataset),
     )
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers, device=env.device)
-    metrics = MetricsLog(
-        cfg,
-        start_step=start_step,
-        is_main=env.is_main,
-        num_frames=len(plan.dataset),
-        num_episodes=plan.dataset.num_episodes,
-        resumed_from=plan.resume_from,
-    )
+    metrics = open_metrics(plan, env)
     timer = StepTimer(env.device)
     samples_per_step = cfg.batch_size * dims.dp_world_size
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -445,6 +438,27 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
     if last_saved is not None and cfg.policy.push_to_hub:
         _push_final(plan, last_saved)
     return last_saved
+
+
+def open_metrics(plan: TrainingPlan, env: DistEnv) -> MetricsLog:
+    """Collective: the trackers, opened on the main rank (W&B starts its run there); when that
+    fails (a login the server refuses, ...) every rank stops with its message."""
+    opened: list[MetricsLog] = []
+
+    def _open() -> None:
+        opened.append(
+            MetricsLog(
+                plan.cfg,
+                start_step=plan.start_step,
+                is_main=True,
+                num_frames=len(plan.dataset),
+                num_episodes=plan.dataset.num_episodes,
+                resumed_from=plan.resume_from,
+            )
+        )
+
+    run_on_main(_open, error_type=TrackerError, what="starting the metrics trackers")
+    return opened[0] if opened else MetricsLog(plan.cfg, start_step=plan.start_step, is_main=False)
 
 
 def _push_final(plan: TrainingPlan, step_dir: Path) -> None:

@@ -59,7 +59,6 @@ def test_the_progress_line_shows_the_data_wait(slow_rank_run):
     last = events[-1]
     assert last["step"] == 4
     assert last["data_wait"] == pytest.approx(records[-1]["dataloading_s"] / records[-1]["step_s"])
-    assert last["data_wait"] > 0.5
     assert f"data wait {100 * last['data_wait']:.0f}%" in render_progress(last)
 
 

@@ -258,3 +258,23 @@ def test_offline_mode_needs_no_network(wandb_env, dataset_root, tmp_path):
     run = read_wandb_run(run_dir)
     assert [r["_step"] for r in run["history"] if "train/loss" in r] == [1, 2]
     assert len(run["artifacts"]) == 1
+
+
+def test_a_run_wandb_refuses_stops_every_rank(wandb_env, dataset_root, tmp_path):
+    """W&B refusing to start its run on the main rank (here a run id it does not accept)
+    stops both ranks with its message, as a user error: no rank waits for the other."""
+    from launch import run_distributed
+
+    flags = tiny_act_flags(**{"dataset.root": dataset_root, "steps": 2, "save_freq": 0})
+    argv = [*flags, "--wandb.enable=true", "--wandb.mode=offline", "--wandb.run_id=bad/id"]
+    argv.append(f"--output_dir={tmp_path}")
+    results = run_distributed(_train_expecting_tracker_error, 2, argv, timeout=90)
+    assert results == ["refused", "refused"]
+
+
+def _train_expecting_tracker_error(argv):
+    from lerobot_pipe.training.trackers import TrackerError
+
+    with pytest.raises(TrackerError, match=r"W&B could not start its run \(offline\): Run ID"):
+        run_train(argv)
+    return "refused"
