@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WANDB_MODES = ("online", "offline", "disabled")
+_LEGACY_MODES = {"dryrun": "offline", "run": "online"}  # older WANDB_MODE values W&B still takes
 WANDB_DIR = "wandb"  # wandb.init(dir=<output_dir>) writes its runs into <output_dir>/wandb/
 _TAG_MAX = 64  # W&B refuses longer tags
 MODES = ("train", "eval")
@@ -45,7 +46,8 @@ class TrackerError(RuntimeError):
 def wandb_mode(cfg: WandBConfig, env: Mapping[str, str] = os.environ) -> str:
     """The mode the run logs in: ``--wandb.mode``, else ``$WANDB_MODE`` (W&B's own variable),
     else online. (LeRobot 0.6.1 takes an unset mode as online and ignores ``$WANDB_MODE``.)"""
-    return cfg.mode or env.get("WANDB_MODE") or "online"
+    mode = cfg.mode or env.get("WANDB_MODE") or "online"
+    return _LEGACY_MODES.get(mode, mode) if cfg.mode is None else mode
 
 
 def _has_wandb_credentials(env: Mapping[str, str]) -> bool:

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from tiny import run_train, tiny_act_flags
 
-pytest.importorskip("wandb")
-
-from lerobot_pipe.training.trackers import MetricsLog, saved_run_id  # noqa: E402
+from lerobot_pipe.configs.train import WandBConfig
+from lerobot_pipe.training.trackers import MetricsLog, saved_run_id, wandb_mode, wandb_problem
 
 TRAIN_KEYS = {
     "train/loss",
@@ -83,6 +82,7 @@ def read_wandb_run(run_dir: Path, timeout: float = 30.0) -> dict:
 @pytest.fixture(scope="module")
 def wandb_env(tmp_path_factory):
     """W&B's own folders (cache, artifact staging, settings) in a temporary folder, no key."""
+    pytest.importorskip("wandb")
     home = tmp_path_factory.mktemp("wandb-home")
     with pytest.MonkeyPatch.context() as mp:
         for name in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
@@ -278,3 +278,31 @@ def _train_expecting_tracker_error(argv):
     with pytest.raises(TrackerError, match=r"W&B could not start its run \(offline\): Run ID"):
         run_train(argv)
     return "refused"
+
+
+def test_the_mode_is_the_flag_then_wandb_mode_then_online():
+    cfg = WandBConfig(enable=True)
+    assert wandb_mode(cfg, {}) == "online"
+    assert wandb_mode(cfg, {"WANDB_MODE": "offline"}) == "offline"
+    assert wandb_mode(cfg, {"WANDB_MODE": "dryrun"}) == "offline"  # W&B's older name
+    assert (
+        wandb_mode(WandBConfig(enable=True, mode="online"), {"WANDB_MODE": "offline"}) == "online"
+    )
+    assert wandb_problem(WandBConfig(enable=False, mode="nonsense"), {}) is None
+    assert "--wandb.project" in wandb_problem(WandBConfig(enable=True, project=""), {})
+
+
+def test_online_needs_a_configured_key_looked_up_without_a_request(tmp_path):
+    """WANDB_API_KEY, or the netrc entry `wandb login` writes for the W&B host."""
+    pytest.importorskip("wandb")
+    cfg = WandBConfig(enable=True)
+    netrc = tmp_path / "netrc"
+    no_key = {"NETRC": str(netrc)}
+    assert "no W&B API key" in wandb_problem(cfg, no_key)
+    assert wandb_problem(cfg, {**no_key, "WANDB_MODE": "offline"}) is None
+    assert "WANDB_MODE='bogus'" in wandb_problem(cfg, {**no_key, "WANDB_MODE": "bogus"})
+    assert wandb_problem(cfg, {**no_key, "WANDB_API_KEY": "x" * 40}) is None
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    assert wandb_problem(cfg, no_key) is None
+    other_host = {**no_key, "WANDB_BASE_URL": "https://wandb.example.org"}
+    assert "no W&B API key" in wandb_problem(cfg, other_host)
