@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 WANDB_MODES = ("online", "offline", "disabled")
 _LEGACY_MODES = {"dryrun": "offline", "run": "online"}  # older WANDB_MODE values W&B still takes
-WANDB_DIR = "wandb"  # wandb.init(dir=<output_dir>) writes its runs into <output_dir>/wandb/
 _TAG_MAX = 64  # W&B refuses longer tags
 MODES = ("train", "eval")
 
@@ -104,7 +103,7 @@ def artifact_name(cfg: TrainConfig, step_dir: Path) -> str:
 def saved_run_id(output_dir: Path) -> str | None:
     """The id of the W&B run in ``<output_dir>/wandb/latest-run`` (online ``run-<date>-<id>``
     or offline ``offline-run-<date>-<id>``, holding ``run-<id>.wandb``), if any."""
-    files = list((output_dir / WANDB_DIR / "latest-run").glob("run-*.wandb"))
+    files = list((output_dir / C.WANDB_DIR / C.WANDB_LATEST_RUN).glob("run-*.wandb"))
     if len(files) != 1:
         return None
     match = re.fullmatch(r"run-([^.]+)\.wandb", files[0].name)
@@ -146,7 +145,7 @@ class WandBLogger:
             log.warning(
                 "--wandb.enable=true on a resumed run whose folder holds no W&B run "
                 "(%s/latest-run) and no --wandb.run_id: logging to a new W&B run",
-                self.output_dir / WANDB_DIR,
+                self.output_dir / C.WANDB_DIR,
             )
         self._wandb = wandb
         mode = wandb_mode(cfg.wandb, env)
@@ -181,9 +180,9 @@ class WandBLogger:
 
     def _url(self) -> str:
         try:
-            return self.run.get_url() or str(self.output_dir / WANDB_DIR)
+            return self.run.get_url() or str(self.output_dir / C.WANDB_DIR)
         except Exception:  # noqa: BLE001 - offline runs have no URL
-            return str(self.output_dir / WANDB_DIR)
+            return str(self.output_dir / C.WANDB_DIR)
 
     def log(self, record: Mapping[str, Any], mode: str = "train") -> None:
         """``record`` (with its ``step``) as ``<mode>/<key>``; a train record also carries

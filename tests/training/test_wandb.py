@@ -171,6 +171,20 @@ def test_eval_records_are_logged_under_eval(wandb_env, dataset_root, tmp_path):
     ] == [3]
 
 
+def test_a_resume_without_a_wandb_run_starts_one(wandb_env, dataset_root, tmp_path, caplog):
+    """Resuming a run that did not log to W&B (its folder holds no W&B run): a new run, said."""
+    from lerobot_pipe.configs.parser import replace
+    from lerobot_pipe.training.preflight import parse_train_config, validate_config
+
+    argv = [*tiny_act_flags(**{"dataset.root": dataset_root}), "--wandb.enable=true"]
+    cfg, _ = parse_train_config([*argv, "--wandb.mode=offline"])
+    cfg = replace(validate_config(cfg), output_dir=str(tmp_path))
+    log = MetricsLog(cfg, start_step=4, is_main=True)
+    log.close()
+    assert any("logging to a new W&B run" in r.message for r in caplog.records)
+    assert saved_run_id(tmp_path) == log.wandb.run_id
+
+
 def test_async_checkpoints_are_logged_once_durable(wandb_env, dataset_root, tmp_path):
     """Async saves: each checkpoint is logged when it is durable (the save after it, or the
     end); retention deletes the older folders afterwards, their artifacts are kept."""
