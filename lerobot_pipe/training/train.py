@@ -332,7 +332,7 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
         indices=sample_indices(cfg.policy, plan.dataset),
     )
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers, device=env.device)
-    metrics = open_metrics(plan, env)
+    metrics: MetricsLog | None = None
     timer = StepTimer(env.device)
     samples_per_step = cfg.batch_size * dims.dp_world_size
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -347,6 +347,7 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
     grad_norm = torch.zeros((), device=env.device)
     window: list[dict[str, torch.Tensor]] = []
     try:
+        metrics = open_metrics(plan, env)
         for step in range(start_step + 1, cfg.steps + 1):
             faults.set_step(step)
             log_step = step % cfg.log_freq == 0 or step == cfg.steps
@@ -434,7 +435,8 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
         checkpoints.shutdown()  # after an error: still lets the save in flight finish
         prefetcher.close()
         progress.close()
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
     if last_saved is not None and cfg.policy.push_to_hub:
         _push_final(plan, last_saved)
     return last_saved
