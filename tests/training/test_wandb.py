@@ -207,6 +207,25 @@ def test_async_checkpoints_are_logged_once_durable(wandb_env, dataset_root, tmp_
     assert names == ["000002", "000004", "000006"]
 
 
+def test_disable_artifact_uploads_no_checkpoint(wandb_env, dataset_root, tmp_path):
+    from lerobot_pipe.configs.parser import replace
+    from lerobot_pipe.training.preflight import parse_train_config, validate_config
+
+    argv = [*tiny_act_flags(**{"dataset.root": dataset_root}), "--wandb.enable=true"]
+    cfg, _ = parse_train_config([*argv, "--wandb.mode=offline", "--wandb.disable_artifact=true"])
+    cfg = replace(validate_config(cfg), output_dir=str(tmp_path))
+    log = MetricsLog(cfg, start_step=0, is_main=True)
+    pretrained = tmp_path / "checkpoints" / "000002" / "pretrained_model"
+    pretrained.mkdir(parents=True)
+    (pretrained / "model.safetensors").write_bytes(b"weights")
+    log.checkpoint(pretrained.parent)
+    log.log({"step": 2, "loss": 1.0})
+    log.close()
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    run = read_wandb_run(run_dir)
+    assert run["artifacts"] == [] and run["history"][0]["train/loss"] == 1.0
+
+
 def test_a_dcp_only_checkpoint_logs_no_artifact(wandb_env, dataset_root, tmp_path, caplog):
     """--checkpoint_format=dcp: the weights are DCP shards only; no artifact, said once."""
     from lerobot_pipe.configs.parser import replace
