@@ -339,3 +339,26 @@ def test_online_needs_a_configured_key_looked_up_without_a_request(tmp_path):
     assert wandb_problem(cfg, no_key) is None
     other_host = {**no_key, "WANDB_BASE_URL": "https://wandb.example.org"}
     assert "no W&B API key" in wandb_problem(cfg, other_host)
+
+
+def test_the_artifact_holds_what_lerobots_loaders_read(tmp_path):
+    """LeRobot's choice of files: LoRA's adapter with its config and the policy's config.json,
+    else model.safetensors; a DCP-only pretrained_model/ has neither."""
+    from lerobot_pipe.training.trackers import model_files
+
+    lora, full, dcp = (tmp_path / name for name in ("lora", "full", "dcp"))
+    for folder, files in (
+        (lora, ["adapter_model.safetensors", "adapter_config.json", "config.json"]),
+        (full, ["model.safetensors", "config.json", "policy_preprocessor.json"]),
+        (dcp, ["config.json"]),
+    ):
+        folder.mkdir()
+        for name in files:
+            (folder / name).write_text("{}")
+    assert [p.name for p in model_files(lora)] == [
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "config.json",
+    ]
+    assert [p.name for p in model_files(full)] == ["model.safetensors"]
+    assert model_files(dcp) == []
