@@ -45,7 +45,9 @@ def _scan(path: Path) -> list:
 
 
 def read_wandb_run(run_dir: Path, timeout: float = 30.0) -> dict:
-    """A run folder's records, through wandb's own reader of its transaction log (.wandb).
+    """A run folder's records, through wandb's own reader of its transaction log (.wandb; an
+    offline run has no summary or history file beside it). Test-only use of wandb's internal
+    modules: if a release moves them, this reader, not the trainer, needs updating.
     ``run.finish()`` returns before W&B's service process has written the log out: wait for
     its last record (``exit``)."""
     (path,) = run_dir.glob("run-*.wandb")
