@@ -85,6 +85,10 @@ DATASET_SYNTHETIC_PARAMS = "meta/synthetic.json"
 # events the pipeline's train job follows (lerobot_pipe/training/progress.py).
 METRICS_LOG = "metrics.jsonl"
 PROGRESS_EVENTS = "progress.jsonl"
+# W&B's run folders (wandb.init(dir=<output_dir>)): <output_dir>/wandb/, and its link to the
+# newest run, holding run-<id>.wandb (where LeRobot and lerobot_pipe read the id on resume).
+WANDB_DIR = "wandb"
+WANDB_LATEST_RUN = "latest-run"
 
 # Pipeline receipts.
 PUBLISH_RECEIPT = "publish_receipt.json"

@@ -10,7 +10,7 @@ from LeRobot's current docs and no release yet: ``parallelism``, ``accelerator``
 ``checkpoint_format``. Fields marked ``OMIT_AT_DEFAULT`` are lerobot_pipe extensions that
 LeRobot lacks; they are written only when set, so a run that uses none of them writes a file
 LeRobot 0.6.1 decodes once the three documented groups are removed. Fields whose behaviour
-lerobot_pipe does not build (simulation envs, reward models, W&B, HF Jobs, ...) are accepted and
+lerobot_pipe does not build (simulation envs, reward models, HF Jobs, ...) are accepted and
 kept at their defaults; a value that asks for the missing behaviour is refused before launch.
 """
 
@@ -194,16 +194,23 @@ class EvalConfig:
 
 @dataclass
 class WandBConfig:
-    """Weights & Biases logging (LeRobot's; only ``enable=false`` here: use ``--trackio.*``)."""
+    """Weights & Biases logging, LeRobot's fields and meaning (``pip install 'lerobot_pipe[wandb]'``).
 
-    enable: bool = False  # must stay false: use --trackio.enable=true
-    disable_artifact: bool = False  # LeRobot's; not used here
-    project: str = "lerobot"  # LeRobot's; not used here
-    entity: str | None = None  # LeRobot's; not used here
-    notes: str | None = None  # LeRobot's; not used here
-    run_id: str | None = None  # LeRobot's; not used here
-    mode: str | None = None  # LeRobot's; not used here
-    add_tags: bool = True  # LeRobot's; not used here
+    The main process logs ``train/<metric>`` at every logged step and, unless
+    ``disable_artifact``, each checkpoint's model files as a ``model`` artifact. The run folder is
+    ``<output_dir>/wandb/``; a resumed run continues the W&B run it started (``run_id``, else the
+    id in that folder)."""
+
+    enable: bool = False  # log the training metrics (and checkpoints) to W&B
+    disable_artifact: bool = False  # do not upload checkpoints as W&B artifacts
+    project: str = "lerobot"  # W&B project
+    entity: str | None = None  # W&B team or user (default: the key's default entity)
+    notes: str | None = None  # a description of the run
+    run_id: str | None = None  # continue this W&B run (default: the output folder's, on resume)
+    # online, offline (written under <output_dir>/wandb, `wandb sync` later) or disabled;
+    # unset: $WANDB_MODE, else online
+    mode: str | None = None
+    add_tags: bool = True  # tag the run with the policy type, seed and dataset
 
 
 @dataclass

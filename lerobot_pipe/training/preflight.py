@@ -66,6 +66,7 @@ from lerobot_pipe.policies.vision.imagenet_weights import (
     offline_requested,
 )
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
+from lerobot_pipe.training.trackers import TrackerError, wandb_problem
 
 if TYPE_CHECKING:
     from lerobot_pipe.distributed.parallelize import ShardingPlan
@@ -80,6 +81,7 @@ USER_ERRORS = (
     AccelerateEnvError,
     RunLockError,
     PublishError,
+    TrackerError,
 )
 
 
@@ -296,6 +298,9 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(
                 "--trackio.enable=true needs the trackio package: pip install 'lerobot_pipe[trackio]'"
             ) from None
+    problem = wandb_problem(cfg.wandb)
+    if problem:
+        raise ConfigError(problem)
     policy = cfg.policy
     if cfg.peft is not None and not policy.use_peft:
         policy = replace(policy, use_peft=True)
@@ -431,12 +436,6 @@ def _refuse_unbuilt(cfg: TrainConfig) -> None:
         ),
         ("reward_model", cfg.reward_model is not None, "reward-model training is not built"),
         ("sample_weighting", cfg.sample_weighting is not None, "sample weighting is not built"),
-        (
-            "wandb.enable",
-            cfg.wandb.enable,
-            "W&B logging is not built; use --trackio.enable=true "
-            "(Hugging Face's offline-capable tracker)",
-        ),
         (
             "job.target",
             cfg.job.target not in (None, "local"),

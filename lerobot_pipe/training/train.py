@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,6 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.checkpoint.manager import CheckpointManager
 from lerobot_pipe.checkpoint.pretrained import PolicyFiles
 from lerobot_pipe.checkpoint.stateful import TrainState
-from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
 from lerobot_pipe.distributed.parallelize import (
     ShardingPlan,
@@ -63,6 +60,8 @@ from lerobot_pipe.training.optim import make_optimizer, make_scheduler
 from lerobot_pipe.training.preflight import TrainingPlan, sample_indices
 from lerobot_pipe.training.progress import EventChannel, ProgressReporter
 from lerobot_pipe.training.run_lock import RunLock, RunLockError, acquire_run_lock
+from lerobot_pipe.training.step_time import StepTimer
+from lerobot_pipe.training.trackers import MetricsLog, TrackerError
 
 log = logging.getLogger("lerobot_pipe.train")
 
@@ -164,46 +163,6 @@ def _reduce_mean(values: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
         values /= dist.get_world_size()
     return values
-
-
-class MetricsLog:
-    """metrics.jsonl in the output dir (main rank), plus trackio when enabled."""
-
-    def __init__(self, plan: TrainingPlan, is_main: bool) -> None:
-        self.path = plan.output_dir / C.METRICS_LOG
-        self.enabled = is_main
-        self.trackio = None
-        if not is_main:
-            return
-        if self.path.exists():  # drop lines beyond the resumed step so the curve stays one run
-            keep = [
-                ln
-                for ln in self.path.read_text().splitlines()
-                if ln and json.loads(ln)["step"] <= plan.start_step
-            ]
-            self.path.write_text("".join(ln + "\n" for ln in keep))
-        if plan.cfg.trackio.enable:
-            import trackio
-
-            self.trackio = trackio
-            trackio.init(
-                project=plan.cfg.trackio.project,
-                name=plan.cfg.trackio.run_name or plan.cfg.job_name,
-                config=to_dict(plan.cfg),
-                resume="allow",
-            )
-
-    def log(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.trackio is not None:
-            self.trackio.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
-
-    def close(self) -> None:
-        if self.trackio is not None:
-            self.trackio.finish()
 
 
 def train(plan: TrainingPlan) -> Path | None:
@@ -461,11 +420,11 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
         indices=sample_indices(cfg.policy, plan.dataset),
     )
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers, device=env.device)
-    metrics = MetricsLog(plan, env.is_main)
+    metrics: MetricsLog | None = None
+    timer = StepTimer(env.device)
+    samples_per_step = cfg.batch_size * dims.dp_world_size
     trainable = [p for p in model.parameters() if p.requires_grad]
-    progress = ProgressReporter(
-        env.is_main, start_step, cfg.steps, cfg.batch_size * dims.dp_world_size, channel
-    )
+    progress = ProgressReporter(env.is_main, start_step, cfg.steps, samples_per_step, channel)
     autocast = (
         torch.autocast(env.device.type, dtype=amp_dtype)
         if amp_dtype is not None
@@ -473,17 +432,22 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
     )
     is_ddp = isinstance(model, DistributedDataParallel)
     running = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss sum, count
-    window_start, window_samples = time.perf_counter(), 0
     grad_norm = torch.zeros((), device=env.device)
     window: list[dict[str, torch.Tensor]] = []
     try:
+        metrics = open_metrics(plan, env)
         for step in range(start_step + 1, cfg.steps + 1):
             faults.set_step(step)
+            log_step = step % cfg.log_freq == 0 or step == cfg.steps
+            timer.start()
             if not window:  # the micro-batches of one optimizer update
                 window = [prefetcher.next() for _ in range(ga)]
+                timer.lap("dataloading_s")
                 loss_kwargs = _loss_normalizers(session.policy, window, env.device)
+                timer.lap("update_s")
             batch = window.pop(0)
             batch = pre({k: v.to(env.device, non_blocking=True) for k, v in batch.items()})
+            timer.lap("preprocessing_s")
             sync = step % ga == 0
             if dims.is_sharded:
                 model.set_requires_gradient_sync(sync)
@@ -508,33 +472,44 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
                 scheduler.step()
             running[0] += loss.detach().float()
             running[1] += 1
-            window_samples += cfg.batch_size * dims.dp_world_size
+            timer.stop(sync=log_step)
 
-            if step % cfg.log_freq == 0 or step == cfg.steps:
+            if log_step:
                 stats = _reduce_mean(running.clone())
-                elapsed = time.perf_counter() - window_start
+                times = timer.reduce()  # each the max over ranks
                 record = {
                     "step": step,
                     "loss": stats[0].item() / max(stats[1].item(), 1),
                     "grad_norm": float(grad_norm),
                     "lr": optimizer.param_groups[0]["lr"],
-                    "samples_per_s": window_samples / elapsed if elapsed > 0 else 0.0,
+                    "samples_per_s": samples_per_step / times["step_s"]
+                    if times["step_s"] > 0
+                    else 0.0,
+                    **times,
+                    "samples": sampler.samples_consumed,
                     "epoch": sampler.epochs_consumed,
                 }
                 metrics.log(record)
-                progress.set_loss(record["loss"])
+                progress.set_loss(
+                    record["loss"],
+                    times["dataloading_s"] / times["step_s"] if times["step_s"] > 0 else None,
+                )
                 if env.is_main:
                     log.info(
-                        "step %d/%d loss %.5f grad_norm %.3f lr %.2e %.1f samples/s",
+                        "step %d/%d loss %.5f grad_norm %.3f lr %.2e %.1f samples/s "
+                        "data_s %.3f prep_s %.3f updt_s %.3f step_s %.3f",
                         step,
                         cfg.steps,
                         record["loss"],
                         record["grad_norm"],
                         record["lr"],
                         record["samples_per_s"],
+                        times["dataloading_s"],
+                        times["preprocessing_s"],
+                        times["update_s"],
+                        times["step_s"],
                     )
                 running.zero_()
-                window_start, window_samples = time.perf_counter(), 0
 
             state.progress.step = step
             state.progress.samples_consumed = sampler.samples_consumed
@@ -542,17 +517,40 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
             if checkpoints.save(step, last_step=step == cfg.steps):
                 # The newest durable checkpoint: this one (sync) or the one before (async).
                 saved = checkpoints.last_saved
-                window_start = time.perf_counter()
+                metrics.checkpoint(saved)
             progress.update(step, running, saved)
         last_saved = checkpoints.close()  # training ends once the last save is durable
+        metrics.checkpoint(last_saved)
     finally:
         checkpoints.shutdown()  # after an error: still lets the save in flight finish
         prefetcher.close()
         progress.close()
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
     if last_saved is not None and cfg.policy.push_to_hub:
         _push_final(plan, last_saved)
     return last_saved
+
+
+def open_metrics(plan: TrainingPlan, env: DistEnv) -> MetricsLog:
+    """Collective: the trackers, opened on the main rank (W&B starts its run there); when that
+    fails (a login the server refuses, ...) every rank stops with its message."""
+    opened: list[MetricsLog] = []
+
+    def _open() -> None:
+        opened.append(
+            MetricsLog(
+                plan.cfg,
+                start_step=plan.start_step,
+                is_main=True,
+                num_frames=len(plan.dataset),
+                num_episodes=plan.dataset.num_episodes,
+                resumed_from=plan.resume_from,
+            )
+        )
+
+    run_on_main(_open, error_type=TrackerError, what="starting the metrics trackers")
+    return opened[0] if opened else MetricsLog(plan.cfg, start_step=plan.start_step, is_main=False)
 
 
 def _push_final(plan: TrainingPlan, step_dir: Path) -> None:
