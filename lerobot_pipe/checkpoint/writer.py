@@ -540,7 +540,13 @@ class HashingFileSystemWriter(FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
         written = super().write_data(plan, planner)
-        self._record(r.storage_data.relative_path for r in written.wait())
+        names = {r.storage_data.relative_path for r in written.wait()}
+        # DCP also creates a file per writer thread with nothing to write (a rank whose plan is
+        # empty, e.g. an optimizer without tensor state): this rank's files all carry its prefix.
+        prefix = getattr(plan.storage_data, "prefix", None)
+        if prefix:
+            names.update(p.name for p in self._folder.glob(f"{prefix}*") if p.is_file())
+        self._record(names)
         return written
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
