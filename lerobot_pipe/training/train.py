@@ -489,6 +489,9 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
                     "samples": sampler.samples_consumed,
                     "epoch": sampler.epochs_consumed,
                 }
+                if ema is not None:  # LeRobot main's names (W&B: train/ema/...)
+                    record["ema/decay"] = ema.decay
+                    record["ema/step"] = ema.optimization_step
                 metrics.log(record)
                 progress.set_loss(
                     record["loss"],

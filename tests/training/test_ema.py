@@ -124,6 +124,18 @@ def test_constant_decay_counts_optimizer_updates(constant_run):
         assert all(torch.equal(shards[k], ema[k]) for k in ema)
         counters = json.loads((step_dir / C.TRAINING_STATE_DIR / C.EMA_STATE).read_text())
         assert counters["optimization_step"] == n
+    # The logged records (log_freq 1) carry each loop step's decay and update count.
+    records = [json.loads(line) for line in (constant_run / C.METRICS_LOG).read_text().splitlines()]
+    assert [(r["ema/step"], r["ema/decay"]) for r in records] == [
+        (0, 0.0),
+        (1, 0.0),
+        (1, 0.0),
+        (2, 0.0),
+        (2, 0.0),
+        (3, 0.9),
+        (3, 0.9),
+        (4, 0.9),
+    ]
 
 
 def test_ema_folder_is_a_policy_folder_with_the_manifest(schedule_run):
