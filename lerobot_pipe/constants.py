@@ -12,12 +12,15 @@ The checkpoint layout follows LeRobot's so users' tools and habits carry over::
                 pytorch_model_fsdp_0/       DCP shards of the model (checkpoint_format dcp)
                 policy_preprocessor.json    + policy_preprocessor_step_<i>_<name>.safetensors
                 policy_postprocessor.json   + policy_postprocessor_step_<i>_<name>.safetensors
+            pretrained_model_ema/           with --ema.enable=true: the EMA policy, the same files
+                                            (its weights are the fp32 shadow a resume continues)
             training_state/
                 optimizer_param_groups.json
                 optimizer_state.safetensors (non-sharded) or optimizer_0/ (DCP shards)
                 rng_state.safetensors       every rank's RNG state
                 scheduler_state.json        only when the run has a scheduler
                 scaler_state.json           only for fp16
+                ema_state.json              with --ema.enable=true: the EMA's update count
                 training_step.json          written LAST: its presence marks a complete checkpoint
         last -> 005000                      relative symlink, moved only to complete checkpoints
 """
@@ -25,6 +28,8 @@ The checkpoint layout follows LeRobot's so users' tools and habits carry over::
 CHECKPOINTS_DIR = "checkpoints"
 LAST_CHECKPOINT_LINK = "last"
 PRETRAINED_MODEL_DIR = "pretrained_model"
+# LeRobot main's (after 0.6.1) loadable EMA policy beside pretrained_model/.
+PRETRAINED_MODEL_EMA_DIR = "pretrained_model_ema"
 TRAINING_STATE_DIR = "training_state"
 
 CONFIG_NAME = "config.json"
@@ -43,6 +48,12 @@ OPTIMIZER_DCP_DIR = "optimizer_0"
 RNG_STATE = "rng_state.safetensors"
 SCHEDULER_STATE = "scheduler_state.json"
 SCALER_STATE = "scaler_state.json"
+EMA_STATE = "ema_state.json"
+# LeRobot main's EMA state (diffusers' EMAModel.state_dict(), torch.save'd): read with
+# torch.load(weights_only=True) when resuming one of its runs, never written.
+LEROBOT_EMA_STATE = "ema_state.pt"
+# The Hub repository of a published EMA policy: <repo_id> + this suffix.
+EMA_REPO_SUFFIX = "-ema"
 TRAINING_STEP = "training_step.json"
 # DCP's own name of the global metadata file of a DCP folder (a pickle: read only from this run's
 # own output).
@@ -74,6 +85,10 @@ DATASET_SYNTHETIC_PARAMS = "meta/synthetic.json"
 # events the pipeline's train job follows (lerobot_pipe/training/progress.py).
 METRICS_LOG = "metrics.jsonl"
 PROGRESS_EVENTS = "progress.jsonl"
+# W&B's run folders (wandb.init(dir=<output_dir>)): <output_dir>/wandb/, and its link to the
+# newest run, holding run-<id>.wandb (where LeRobot and lerobot_pipe read the id on resume).
+WANDB_DIR = "wandb"
+WANDB_LATEST_RUN = "latest-run"
 
 # Pipeline receipts.
 PUBLISH_RECEIPT = "publish_receipt.json"

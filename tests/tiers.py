@@ -28,6 +28,7 @@ LEFT_TO_THE_FULL_SUITE = (
     "tests/training/test_checkpoint_async.py::test_sharded_async_gathers_the_same_bytes",
     "tests/training/test_checkpoint_async.py::test_async_writes_the_same_bytes_and_resumes_the_same[fsdp2]",
     "tests/training/test_trackio.py::test_trackio_logs_metrics_offline",
+    "tests/training/test_wandb.py::test_offline_mode_needs_no_network",
     "tests/training/test_resume_exact.py::test_resume_two_to_two_with_randomness_restores_every_rank",
     "tests/faults/test_kill_conversion.py::test_kill_during_conversion[convert:before_replace]",
     "tests/faults/test_kill_conversion.py::test_kill_during_conversion[convert:after_replace]",

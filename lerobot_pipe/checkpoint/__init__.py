@@ -18,8 +18,11 @@ The contract, relied on by resume, conversion and the pipeline:
    complete checkpoint. Retention deletes a checkpoint only after a newer one is complete, never
    the one ``last`` points to.
 
-No pickle is ever loaded: tensors go through safetensors, everything else through JSON; the only
-exception is DCP's own ``.metadata``, read only from this run's own output.
+No pickle is ever loaded: tensors go through safetensors, everything else through JSON; the
+exceptions are DCP's own ``.metadata``, read only from this run's own output, and LeRobot main's
+``training_state/ema_state.pt`` when resuming one of its runs with ``--ema.enable=true``, read
+with ``torch.load(weights_only=True)`` (tensors and plain containers only). The EMA shadow of
+our own runs is ``pretrained_model_ema/``'s weights (safetensors or DCP).
 
 Modules (torch-free ones can be imported by the Snakefile, the launcher and the CLI cheaply):
 

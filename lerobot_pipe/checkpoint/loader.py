@@ -29,7 +29,8 @@ from lerobot_pipe.checkpoint.lerobot_state import (
 )
 from lerobot_pipe.checkpoint.resume import ResumePoint
 from lerobot_pipe.checkpoint.stateful import TrainState
-from lerobot_pipe.distributed.runtime import barrier
+from lerobot_pipe.distributed.runtime import barrier, broadcast_from_main
+from lerobot_pipe.training.ema import EMAState
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ def load_train_state(point: ResumePoint, state: TrainState, run_info: dict) -> N
             part.load_state_dict(read_checkpoint_json(path))
         else:
             log.warning("checkpoint has no %s: %s", path, what)
+    if state.ema is not None:
+        _load_ema(state, step_dir, is_main or not distributed)
     _load_rng(state, training_state / C.RNG_STATE, rank, point.info, run_info)
     state.progress.load_state_dict(
         {"step": point.step, "samples_consumed": resume_position(point.info, run_info, is_main)}
@@ -96,6 +99,81 @@ def _load_model(state: TrainState, pretrained: Path, reads: bool) -> None:
         state.model.load_state_dict(sd)
     else:
         raise CheckpointError(f"checkpoint {pretrained} holds no loadable model weights")
+
+
+def _load_ema(state: TrainState, step_dir: Path, reads: bool) -> None:
+    """The EMA shadow: ours (pretrained_model_ema/'s weights, the count in ema_state.json),
+    else LeRobot main's training_state/ema_state.pt, else it restarts from the loaded weights
+    (LeRobot's behaviour). Collective."""
+    ema = state.ema
+    assert ema is not None
+    ema_dir = step_dir / C.PRETRAINED_MODEL_EMA_DIR
+    counters = step_dir / C.TRAINING_STATE_DIR / C.EMA_STATE
+    lerobot_file = step_dir / C.TRAINING_STATE_DIR / C.LEROBOT_EMA_STATE
+    if counters.is_file():
+        ema.load_counters(read_checkpoint_json(counters))
+        weights_file = next(
+            (
+                ema_dir / n
+                for n in (C.MODEL_SAFETENSORS, C.ADAPTER_SAFETENSORS)
+                if (ema_dir / n).is_file()
+            ),
+            None,
+        )
+        if weights_file is None and (ema_dir / C.MODEL_DCP_DIR).is_dir():
+            # Into the shadow's own tensors (this rank's shards), resharded as needed.
+            _dcp_load(dict(ema.shadow), ema_dir / C.MODEL_DCP_DIR)
+            return
+        if weights_file is None:
+            raise CheckpointError(
+                f"{ema_dir} holds no loadable EMA weights (but {counters} exists)"
+            )
+        adapter = weights_file.name == C.ADAPTER_SAFETENSORS
+        key_map = state.model.adapter_key_map
+        if adapter and key_map is None:  # on every rank: none waits in a collective
+            raise CheckpointError(
+                f"{weights_file} holds PEFT adapters: resume it with its --peft.* flags"
+            )
+        full = None
+        if reads:
+            full = load_safetensors(weights_file)
+            if adapter:
+                full = key_map(full)
+        _load_full_shadow(ema, full, weights_file)
+    elif lerobot_file.is_file():
+        full, problem = None, None
+        if reads:
+            # LeRobot main's file is a pickle: weights_only refuses anything but tensors and
+            # plain containers.
+            try:
+                saved = torch.load(lerobot_file, map_location="cpu", weights_only=True)
+                full = ema.from_lerobot(saved)
+            except Exception as e:  # noqa: BLE001 - every rank must hear of it (a collective)
+                problem = f"{type(e).__name__}: {e}"
+        ema.load_counters(broadcast_from_main(ema.counters()))
+        _load_full_shadow(ema, full, lerobot_file, problem)
+        if reads:
+            log.info("Resumed the EMA shadow from LeRobot's %s", lerobot_file)
+    else:
+        ema.reset()
+        if reads:
+            log.warning(
+                "checkpoint %s has no EMA state: the EMA shadow restarts from its weights",
+                step_dir,
+            )
+
+
+def _load_full_shadow(
+    ema: EMAState, full: dict | None, source: Path, problem: str | None = None
+) -> None:
+    """Collective: the shadow from the main rank's whole tensors (``full``; None elsewhere),
+    checked there first."""
+    if problem is None and full is not None:
+        problem = ema.problems_with(full)
+    problem = broadcast_from_main(problem)
+    if problem is not None:
+        raise CheckpointError(f"{source}: the EMA weights do not fit this model: {problem}")
+    ema.load_full_shadow(full)
 
 
 def _load_optimizer(state: TrainState, training_state: Path, reads: bool) -> None:

@@ -6,7 +6,8 @@ grad scaler are torch's own; :class:`ModelState` and :class:`OptimizerState` rea
 wrapped model and its optimizer through ``torch.distributed.checkpoint.state_dict`` (each rank's
 shards, or gathered whole: whatever the wrapping, DDP, FSDP2, HSDP); :class:`RNGState` is this
 process's generators; :class:`TrainProgress` is where the run is (loop steps and the data
-position). ``pretrained`` writes the ``pretrained_model/`` folder LeRobot's tools load.
+position); :class:`~lerobot_pipe.training.ema.EMAState` is the EMA shadow (``--ema.*``).
+``pretrained`` writes the ``pretrained_model/`` folder LeRobot's tools load.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from lerobot_pipe.checkpoint.layout import CheckpointError
 from lerobot_pipe.checkpoint.lerobot_state import capture_rng_state, restore_rng_state
+from lerobot_pipe.training.ema import EMAState
 
 
 def _full_options(**kwargs: Any) -> StateDictOptions:
@@ -138,6 +140,7 @@ class TrainState:
     scaler: torch.amp.GradScaler | None = None
     rng: RNGState = field(default_factory=RNGState)
     progress: TrainProgress = field(default_factory=TrainProgress)
+    ema: EMAState | None = None  # with --ema.enable=true
 
     @classmethod
     def build(

@@ -23,11 +23,17 @@ A save has two halves:
   copies (next to nccl on GPU), never interleaved with the loop's. The bytes written are the
   same either way.
 
+With ``--ema.enable=true`` the EMA policy (:mod:`lerobot_pipe.training.ema`: the model's state
+with the shadow in place of the trained parameters) goes the same two ways into
+``pretrained_model_ema/``: gathered for its ``model.safetensors`` (in the loop, or from staged
+shards in the background), saved as DCP shards by every rank, its folder written by the same
+``pretrained`` writer; its update count into ``training_state/ema_state.json``.
+
 At most one save is in flight: the next save, the end of training (:meth:`CheckpointWriter.close`)
 and a clean shutdown after an error (:meth:`CheckpointWriter.shutdown`) wait for it. A killed
 trainer's save in flight leaves only its ``.tmp-<step>/``, which the next start removes.
 
-Why not ``dcp.async_save``: one checkpoint of this layout is up to two DCP folders plus the main
+Why not ``dcp.async_save``: one checkpoint of this layout is up to three DCP folders plus the main
 rank's files plus a manifest collective and the publication, which must follow all of them in
 one order on every rank; ``async_save`` runs each DCP save in its own executor thread with its
 own collectives and returns a future per folder, with no place for the hashing and publication.
@@ -53,7 +59,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
-from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter, Metadata
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
@@ -108,6 +113,11 @@ class _Snapshot:
     rng: dict[str, torch.Tensor] | None = None  # this rank's generators
     scheduler: dict | None = None
     scaler: dict | None = None
+    # --ema.enable=true: the EMA policy's state, whole on the main rank (pretrained_model_ema's
+    # weights file) and this rank's part (its DCP shards, or gathered in the background).
+    ema_full: dict[str, torch.Tensor] | None = None
+    ema_local: dict | None = None
+    ema_counters: dict | None = None
 
 
 class CheckpointWriter:
@@ -227,6 +237,8 @@ class CheckpointWriter:
             shutil.rmtree(tmp, ignore_errors=True)
             (tmp / C.PRETRAINED_MODEL_DIR).mkdir(parents=True)
             (tmp / C.TRAINING_STATE_DIR).mkdir()
+            if state.ema is not None:
+                (tmp / C.PRETRAINED_MODEL_EMA_DIR).mkdir()
         barrier()
         fault_point("save:begin")
         record = {**self.run_info, "step": step, **state.progress.state_dict()}
@@ -236,6 +248,8 @@ class CheckpointWriter:
             snap.full_model = full if self.is_main else None
         if self.write_dcp or self.gather_in_background:
             snap.model_local = state.model.state_dict()
+        if state.ema is not None:
+            self._snapshot_ema(snap, state)
         if self.sharded:
             osd = state.optimizer.state_dict()
             snap.optimizer_dcp = {"optimizer": osd["state"]}
@@ -255,21 +269,39 @@ class CheckpointWriter:
             if state.saves_scaler:
                 snap.scaler = scaler_state(state.scaler)
         if self._stager is not None:
-            self._stage(snap, state.model.module, state.optimizer.optimizer)
+            self._stage(snap, state)
         fault_point("save:staged")
         return snap
 
-    def _stage(self, snap: _Snapshot, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def _snapshot_ema(self, snap: _Snapshot, state: TrainState) -> None:
+        """The EMA policy: the model's state with the shadow in place of the trained weights."""
+        assert state.ema is not None
+        if self.write_safetensors and not self.gather_in_background:
+            shadow = state.ema.full_shadow()  # collective; None on ranks other than 0
+            if self.is_main:
+                snap.ema_full = state.ema.weights(snap.full_model, shadow)
+        if self.write_dcp or self.gather_in_background:
+            snap.ema_local = state.ema.weights(snap.model_local)
+        snap.ema_counters = state.ema.counters()
+
+    def _stage(self, snap: _Snapshot, state: TrainState) -> None:
         """Copy to CPU memory what the background writer must not read live: every tensor on an
         accelerator, and every CPU tensor whose storage the loop writes into (trainable
-        parameters, buffers, optimizer state: the DCP state dicts are views of them, and so is a
-        gather on one CPU process). Fresh CPU tensors (a gather's output elsewhere) and frozen
-        parameters are a snapshot already and are not copied again."""
+        parameters, buffers, optimizer state, the EMA shadow: the DCP state dicts are views of
+        them, and so is a gather on one CPU process). Fresh CPU tensors (a gather's output
+        elsewhere) and frozen parameters are a snapshot already and are not copied again."""
         assert self._stager is not None
-        live = _live_storages(model, optimizer)
+        live = _live_storages(state)
         trees = {
             attr: getattr(snap, attr)
-            for attr in ("model_local", "optimizer_dcp", "full_model", "optimizer_flat")
+            for attr in (
+                "model_local",
+                "optimizer_dcp",
+                "full_model",
+                "optimizer_flat",
+                "ema_local",
+                "ema_full",
+            )
             if getattr(snap, attr) is not None
         }
         wanted = _tensor_paths(trees, lambda t: not t.is_cpu or _storage(t) in live)
@@ -332,11 +364,14 @@ class CheckpointWriter:
         first (DCP's, the RNG and model gathers): they then run on every rank whatever fails
         later on the main rank alone (a DCP failure fails every rank)."""
         model_dir = snap.tmp / C.PRETRAINED_MODEL_DIR
+        ema_dir = snap.tmp / C.PRETRAINED_MODEL_EMA_DIR
         state_dir = snap.tmp / C.TRAINING_STATE_DIR
         files: dict[str, dict] = {}
         if self.write_dcp:
             files.update(self._dcp_save(snap.model_local, model_dir / C.MODEL_DCP_DIR, snap.tmp))
             fault_point("save:after_model_dcp")
+            if snap.ema_local is not None:
+                files.update(self._dcp_save(snap.ema_local, ema_dir / C.MODEL_DCP_DIR, snap.tmp))
         if snap.optimizer_dcp is not None:
             files.update(
                 self._dcp_save(snap.optimizer_dcp, state_dir / C.OPTIMIZER_DCP_DIR, snap.tmp)
@@ -345,11 +380,16 @@ class CheckpointWriter:
         rng_states = gather_objects(snap.rng, group=self.group)
         if self.gather_in_background:
             snap.full_model = gather_full_tensors(snap.model_local, self.group)
+            if snap.ema_local is not None:
+                snap.ema_full = gather_full_tensors(snap.ema_local, self.group)
             fault_point("save:after_model_gather")
-        snap.model_local = None
+        snap.model_local = snap.ema_local = None
         if self.is_main:
             pretrained(model_dir, snap.full_model)
             snap.full_model = None
+            if snap.ema_counters is not None:
+                pretrained(ema_dir, snap.ema_full)
+                snap.ema_full = None
         fault_point("save:after_pretrained")
         if snap.optimizer_flat is not None:
             save_file(snap.optimizer_flat, state_dir / C.OPTIMIZER_STATE)
@@ -367,7 +407,11 @@ class CheckpointWriter:
         if snap.scaler is not None:
             write_json_atomic(state_dir / C.SCALER_STATE, snap.scaler)
             fault_point("save:after_scaler")
-        for folder in (model_dir, state_dir):
+        if snap.ema_counters is not None:
+            write_json_atomic(state_dir / C.EMA_STATE, snap.ema_counters)
+        for folder in (model_dir, ema_dir, state_dir):
+            if not folder.is_dir():
+                continue
             for path in sorted(p for p in folder.iterdir() if p.is_file()):
                 fsync_path(path)
                 files[path.relative_to(snap.tmp).as_posix()] = file_entry(path)
@@ -417,10 +461,13 @@ def _storage(t: torch.Tensor) -> int:
     return _local(t).untyped_storage().data_ptr()
 
 
-def _live_storages(model: nn.Module, optimizer: torch.optim.Optimizer) -> set[int]:
+def _live_storages(state: TrainState) -> set[int]:
     """The storages the training loop writes into."""
+    model, optimizer = state.model.module, state.optimizer.optimizer
     tensors = [p for p in model.parameters() if p.requires_grad] + list(model.buffers())
     tensors += [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    if state.ema is not None:
+        tensors += list(state.ema.shadow.values())
     return {_storage(t) for t in tensors}
 
 
@@ -493,7 +540,13 @@ class HashingFileSystemWriter(FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
         written = super().write_data(plan, planner)
-        self._record(r.storage_data.relative_path for r in written.wait())
+        names = {r.storage_data.relative_path for r in written.wait()}
+        # DCP also creates a file per writer thread with nothing to write (a rank whose plan is
+        # empty, e.g. an optimizer without tensor state): this rank's files all carry its prefix.
+        prefix = getattr(plan.storage_data, "prefix", None)
+        if prefix:
+            names.update(p.name for p in self._folder.glob(f"{prefix}*") if p.is_file())
+        self._record(names)
         return written
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:

@@ -10,7 +10,7 @@ from LeRobot's current docs and no release yet: ``parallelism``, ``accelerator``
 ``checkpoint_format``. Fields marked ``OMIT_AT_DEFAULT`` are lerobot_pipe extensions that
 LeRobot lacks; they are written only when set, so a run that uses none of them writes a file
 LeRobot 0.6.1 decodes once the three documented groups are removed. Fields whose behaviour
-lerobot_pipe does not build (simulation envs, reward models, W&B, HF Jobs, ...) are accepted and
+lerobot_pipe does not build (simulation envs, reward models, HF Jobs, ...) are accepted and
 kept at their defaults; a value that asks for the missing behaviour is refused before launch.
 """
 
@@ -194,16 +194,23 @@ class EvalConfig:
 
 @dataclass
 class WandBConfig:
-    """Weights & Biases logging (LeRobot's; only ``enable=false`` here: use ``--trackio.*``)."""
+    """Weights & Biases logging, LeRobot's fields and meaning (``pip install 'lerobot_pipe[wandb]'``).
 
-    enable: bool = False  # must stay false: use --trackio.enable=true
-    disable_artifact: bool = False  # LeRobot's; not used here
-    project: str = "lerobot"  # LeRobot's; not used here
-    entity: str | None = None  # LeRobot's; not used here
-    notes: str | None = None  # LeRobot's; not used here
-    run_id: str | None = None  # LeRobot's; not used here
-    mode: str | None = None  # LeRobot's; not used here
-    add_tags: bool = True  # LeRobot's; not used here
+    The main process logs ``train/<metric>`` at every logged step and, unless
+    ``disable_artifact``, each checkpoint's model files as a ``model`` artifact. The run folder is
+    ``<output_dir>/wandb/``; a resumed run continues the W&B run it started (``run_id``, else the
+    id in that folder)."""
+
+    enable: bool = False  # log the training metrics (and checkpoints) to W&B
+    disable_artifact: bool = False  # do not upload checkpoints as W&B artifacts
+    project: str = "lerobot"  # W&B project
+    entity: str | None = None  # W&B team or user (default: the key's default entity)
+    notes: str | None = None  # a description of the run
+    run_id: str | None = None  # continue this W&B run (default: the output folder's, on resume)
+    # online, offline (written under <output_dir>/wandb, `wandb sync` later) or disabled;
+    # unset: $WANDB_MODE, else online
+    mode: str | None = None
+    add_tags: bool = True  # tag the run with the policy type, seed and dataset
 
 
 @dataclass
@@ -224,6 +231,24 @@ class TrackioConfig:
     enable: bool = False  # log the training metrics to trackio (pip install trackio)
     project: str = "lerobot"  # trackio project
     run_name: str | None = None  # trackio run name (default: --job_name)
+
+
+@dataclass
+class EMAConfig:
+    """An exponential moving average (EMA) of the policy's weights: LeRobot main's ``--ema.*``
+    (after 0.6.1), diffusers' ``EMAModel`` rule, per optimizer update (not per micro-batch).
+    The decay of update n is 0 while ``t = n - update_after_step - 1 <= 0`` (a copy), then
+    ``1 - (1 + t / inv_gamma) ** -power`` clamped to ``[min_decay, max_decay]``, or the constant
+    ``decay`` when set. lerobot_pipe/training/ema.py."""
+
+    enable: bool = False  # keep the EMA shadow, checkpoint it, write pretrained_model_ema/
+    decay: float | None = None  # a constant decay (openpi's pi0: 0.99); unset: the schedule
+    update_after_step: int = 0  # optimizer updates during which the shadow copies the weights
+    inv_gamma: float = 1.0  # the schedule's 1 / gamma
+    power: float = 0.75  # the schedule's power
+    min_decay: float = 0.0  # the schedule's lower bound
+    max_decay: float = 0.9999  # the schedule's upper bound
+    use_for_eval: bool = True  # evaluate the EMA weights (held-out loss: the live ones)
 
 
 @dataclass
@@ -285,6 +310,8 @@ class TrainConfig:
     checkpoint_async: bool = field(default=False, metadata=OMIT_AT_DEFAULT)
     # Keep only the newest N complete checkpoints (and the one `last` points to); 0 keeps all.
     checkpoint_keep_last: int = field(default=0, metadata=OMIT_AT_DEFAULT)
+    # EMA of the weights (LeRobot main's --ema.*, after 0.6.1): written only when changed.
+    ema: EMAConfig = field(default_factory=EMAConfig, metadata=OMIT_AT_DEFAULT)
 
 
 # Top-level keys of train_config.json that LeRobot 0.6.1 does not know (its docs describe them).

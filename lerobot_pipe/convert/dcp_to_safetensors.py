@@ -80,7 +80,12 @@ from lerobot_pipe.checkpoint.layout import CheckpointError, is_complete, read_tr
 from lerobot_pipe.checkpoint.manifest import verify_files
 from lerobot_pipe.fsutil import fsync_path
 from lerobot_pipe.hub.repo_id import looks_like_repo_id
-from lerobot_pipe.policies.locate import checkpoint_step_dir, holds_policy_files, pretrained_dir
+from lerobot_pipe.policies.locate import (
+    checkpoint_step_dir,
+    ema_policy_dir,
+    holds_policy_files,
+    pretrained_dir,
+)
 from lerobot_pipe.training.faults import fault_point
 
 logger = logging.getLogger(__name__)
@@ -602,8 +607,43 @@ def convert_checkpoint(
     *,
     output_dir: str | os.PathLike[str] | None = None,
     delete_dcp: bool = False,
+    ema_output_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Merge a step's model DCP into ``model.safetensors`` (``adapter_model.safetensors`` for PEFT).
+    """Merge a step's model DCP into ``model.safetensors`` (``adapter_model.safetensors`` for PEFT),
+    and, when the run kept an EMA of the weights (``pretrained_model_ema/`` beside
+    ``pretrained_model/``), the EMA policy's DCP the same way: in place, or into
+    ``ema_output_dir`` (default with ``output_dir``: a ``pretrained_model_ema/`` beside an
+    ``output_dir`` named ``pretrained_model``, else ``<output_dir>_ema``). Returns the model's
+    weights file; see :func:`convert_pretrained` for the rest."""
+    pretrained = _pretrained_to_convert(checkpoint_dir)
+    ema = ema_policy_dir(pretrained)
+    weights = convert_pretrained(pretrained, output_dir=output_dir, delete_dcp=delete_dcp)
+    if ema is not None:
+        convert_pretrained(
+            ema, output_dir=ema_output_folder(output_dir, ema_output_dir), delete_dcp=delete_dcp
+        )
+    return weights
+
+
+def ema_output_folder(
+    output_dir: str | os.PathLike[str] | None, ema_output_dir: str | os.PathLike[str] | None
+) -> Path | None:
+    """Where :func:`convert_checkpoint` writes the EMA policy (None: in place)."""
+    if ema_output_dir is not None or output_dir is None:
+        return None if ema_output_dir is None else Path(ema_output_dir).expanduser()
+    out = Path(output_dir).expanduser()
+    name = C.PRETRAINED_MODEL_EMA_DIR if out.name == C.PRETRAINED_MODEL_DIR else f"{out.name}_ema"
+    return out.with_name(name)
+
+
+def convert_pretrained(
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    output_dir: str | os.PathLike[str] | None = None,
+    delete_dcp: bool = False,
+) -> Path:
+    """Merge one pretrained-model folder's model DCP into ``model.safetensors``
+    (``adapter_model.safetensors`` for PEFT).
 
     ``checkpoint_dir``: a LOCAL step folder or its ``pretrained_model/`` (DCP metadata is a
     pickle: never point this at downloaded files). Without ``output_dir`` the weights are written

@@ -21,6 +21,7 @@ from lerobot_pipe.constants import SAMPLE_KEY
 from lerobot_pipe.datasets.lerobot_dataset import LeRobotDataset
 from lerobot_pipe.datasets.sampler import GlobalBatchSampler
 from lerobot_pipe.datasets.transforms import sample_keys
+from lerobot_pipe.training import faults
 
 _POLL_S = 0.1
 Batch = dict[str, Any]  # tensors, and the "task" strings (a list)
@@ -100,6 +101,7 @@ class BatchPrefetcher:
     def _load(self, sampler: GlobalBatchSampler) -> tuple[np.ndarray, np.ndarray, Batch]:
         """The batch at ``sampler``'s position (advancing it), keys, and indices. The batch
         carries each sample's key as ``sample_key`` (int64), for per-sample randomness."""
+        faults.fault_point("data:load_batch")  # a slow loader, for the tests (a no-op unset)
         keys = sample_keys(sampler.seed, sampler.next_positions())
         indices = sampler.next_indices()
         if not self._cameras:

@@ -7,6 +7,7 @@ precision and offload policies. Everything else sees only the returned module.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -45,10 +46,22 @@ def _module_classes(model: nn.Module) -> list[str]:
 
 
 def select_wrap_units(
-    model: nn.Module, fsdp: FSDPConfig, policy_wrap_modules: list[str]
+    model: nn.Module,
+    fsdp: FSDPConfig,
+    policy_wrap_modules: list[str],
+    bypassed: Mapping[str, str] | None = None,
+    passed_over: list[str] | None = None,
 ) -> list[tuple[str, nn.Module]]:
     """The submodules that become FSDP2 units, in the documented resolution order:
-    ``wrap_modules``, else ``min_num_params``, else the policy's ``_fsdp_wrap_modules``."""
+    ``wrap_modules``, else ``min_num_params``, else the policy's ``_fsdp_wrap_modules``.
+
+    ``bypassed`` (module name -> a parameter of it used while its forward was not running:
+    :func:`~lerobot_pipe.distributed.unit_probe.find_bypassed_modules`) are modules that cannot be
+    units: the size policy passes over them (their children may become units instead; the ones it
+    would have chosen are appended to ``passed_over``); a unit chosen by class that is one of them
+    is refused, naming it."""
+    bypassed = bypassed or {}
+    passed_over = passed_over if passed_over is not None else []
     if fsdp.wrap_modules is not None and fsdp.min_num_params is not None:
         raise ConfigError(
             "--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params are mutually "
@@ -62,6 +75,9 @@ def select_wrap_units(
         for name, module in reversed(named):  # children before their parents
             remaining = [p for p in module.parameters() if id(p) not in covered]
             if sum(p.numel() for p in remaining) >= fsdp.min_num_params:
+                if name in bypassed:
+                    passed_over.append(name)  # its parameters stay for the unit above it
+                    continue
                 units.append((name, module))
                 covered.update(id(p) for p in remaining)
         units.reverse()
@@ -91,7 +107,18 @@ def select_wrap_units(
             f"{flag}: {', '.join(missing)} match no module of the model; module classes present: "
             f"{', '.join(sorted(present))}"
         )
-    return [(n, m) for n, m in named if type(m).__name__ in class_names]
+    units = [(n, m) for n, m in named if type(m).__name__ in class_names]
+    refused = [n for n, _ in units if n in bypassed]
+    if refused:
+        shown = "; ".join(f"{n} (its {bypassed[n]} is used outside it)" for n in refused[:3])
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        raise ConfigError(
+            f"{flag}: FSDP2 gathers a unit's parameters when its forward runs, and the policy "
+            f"uses these units without calling their forward: {shown}{more}; name classes whose "
+            "forward runs (their children or parents), or pass "
+            "--accelerator.fsdp.min_num_params=N, which passes over such modules"
+        )
+    return units
 
 
 def check_shared_parameters(model: nn.Module, units: list[tuple[str, nn.Module]]) -> None:
@@ -188,6 +215,8 @@ class ShardingPlan:
     wrap_units: tuple[str, ...]  # module names that become FSDP2 units, in model order
     ignored_modules: tuple[str, ...]  # modules whose parameters FSDP2 neither shards nor reduces
     mp_policy: MixedPrecisionPolicy  # the units' mixed-precision policy
+    # modules the size policy would have made units but passed over: their forward is bypassed
+    passed_over: tuple[str, ...] = ()
 
     def ignored_parameters(self, model: nn.Module) -> list[nn.Parameter]:
         """The parameters of the ignored modules (each once), whose gradients the loop averages."""
@@ -200,14 +229,20 @@ class ShardingPlan:
 
 
 def plan_sharding(
-    model: nn.Module, accelerator: AcceleratorConfig, policy_wrap_modules: list[str]
+    model: nn.Module,
+    accelerator: AcceleratorConfig,
+    policy_wrap_modules: list[str],
+    bypassed: Mapping[str, str] | None = None,
 ) -> ShardingPlan:
-    """Choose the wrap units, check that no tied parameter spans two of them, match the ignored
-    modules and build the precision policy; ConfigError naming the flag when one cannot be."""
-    units = select_wrap_units(model, accelerator.fsdp, policy_wrap_modules)
+    """Choose the wrap units (none of the ``bypassed`` modules), check that no tied parameter
+    spans two of them, match the ignored modules and build the precision policy; ConfigError
+    naming the flag when one cannot be."""
+    passed_over: list[str] = []
+    units = select_wrap_units(model, accelerator.fsdp, policy_wrap_modules, bypassed, passed_over)
     check_shared_parameters(model, units)
     return ShardingPlan(
         wrap_units=tuple(name for name, _ in units),
+        passed_over=tuple(passed_over),
         ignored_modules=tuple(ignored_module_names(model, accelerator.fsdp.ignored_modules)),
         mp_policy=mixed_precision_policy(accelerator),
     )

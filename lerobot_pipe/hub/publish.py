@@ -55,7 +55,12 @@ from lerobot_pipe import __version__
 from lerobot_pipe import constants as C
 from lerobot_pipe.fsutil import write_json_atomic
 from lerobot_pipe.hub.repo_id import repo_id_problem
-from lerobot_pipe.policies.locate import checkpoint_step_dir, holds_policy_files, pretrained_dir
+from lerobot_pipe.policies.locate import (
+    checkpoint_step_dir,
+    ema_policy_dir,
+    holds_policy_files,
+    pretrained_dir,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -106,9 +111,14 @@ class PublishReceipt:
     files: list[str]
     path_in_repo: str
     tag: str | None
+    # The EMA policy's receipt (pretrained_model_ema/, pushed to <repo_id>-ema), when published.
+    ema: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        record = asdict(self)
+        if record["ema"] is None:
+            del record["ema"]
+        return record
 
     def write(self, path: Path) -> None:
         """Write the receipt as JSON, atomically (the pipeline's publish rule keeps it)."""
@@ -568,7 +578,9 @@ def publish_checkpoint(
     model_card: str | None = None,
     **options: Any,
 ) -> PublishReceipt:
-    """Publish a checkpoint's ``pretrained_model/``.
+    """Publish a checkpoint's ``pretrained_model/``, and its EMA policy ``pretrained_model_ema/``
+    (``--ema.enable=true``) when there is one beside it, the same way to ``<repo_id>-ema``
+    (the receipt's ``ema``).
 
     ``step_dir`` is ``<output_dir>/checkpoints/<step>`` (or ``last``), its ``pretrained_model/``,
     or any folder holding the model files directly (``config.json``, weights).
@@ -585,9 +597,39 @@ def publish_checkpoint(
     if not step_path.is_dir():
         raise PublishError(f"checkpoint folder does not exist: {step_dir}")
     pretrained = pretrained_dir(step_path)
+    ema = ema_policy_dir(pretrained)
+    if ema is not None:
+        validate_repo_id(ema_repo_id(repo_id))
+    kwargs = {"intermediate": intermediate, "step": step, "commit_message": commit_message}
+    receipt = _publish_pretrained(
+        pretrained, repo_id, tag=tag, model_card=model_card, **kwargs, **options
+    )
+    if ema is not None:
+        ema_receipt = _publish_pretrained(ema, ema_repo_id(repo_id), tag=tag, **kwargs, **options)
+        receipt.ema = ema_receipt.to_json()
+    return receipt
+
+
+def ema_repo_id(repo_id: str) -> str:
+    """Where the EMA policy of ``repo_id``'s run is published (LeRobot has no rule: ours)."""
+    return f"{repo_id}{C.EMA_REPO_SUFFIX}"
+
+
+def _publish_pretrained(
+    pretrained: Path,
+    repo_id: str,
+    *,
+    intermediate: bool,
+    step: int,
+    commit_message: str | None,
+    tag: str | None,
+    model_card: str | None = None,
+    **options: Any,
+) -> PublishReceipt:
+    """:func:`publish_checkpoint` of one pretrained-model folder."""
     if not holds_policy_files(pretrained):
         raise PublishError(
-            f"{step_dir} is not a checkpoint: no {C.PRETRAINED_MODEL_DIR}/ folder and no "
+            f"{pretrained} is not a checkpoint: no {C.PRETRAINED_MODEL_DIR}/ folder and no "
             f"{C.CONFIG_NAME} or model weights in it"
         )
     has_weights = any(

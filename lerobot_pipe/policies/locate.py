@@ -46,9 +46,20 @@ def holds_policy_files(folder: Path) -> bool:
 
 
 def checkpoint_step_dir(pretrained: Path) -> Path | None:
-    """The checkpoint step folder a pretrained-model folder sits in, or None (a folder of its
-    own, such as a conversion's output)."""
-    return pretrained.parent if pretrained.name == C.PRETRAINED_MODEL_DIR else None
+    """The checkpoint step folder a pretrained-model folder (``pretrained_model/``, or the EMA
+    policy's ``pretrained_model_ema/``) sits in, or None (a folder of its own, such as a
+    conversion's output)."""
+    in_step = pretrained.name in (C.PRETRAINED_MODEL_DIR, C.PRETRAINED_MODEL_EMA_DIR)
+    return pretrained.parent if in_step else None
+
+
+def ema_policy_dir(pretrained: Path) -> Path | None:
+    """The EMA policy folder beside a ``pretrained_model/`` (a checkpoint's, or a conversion's
+    output laid out alike: ``pretrained_model_ema/``), or None when there is none."""
+    if pretrained.name != C.PRETRAINED_MODEL_DIR:
+        return None
+    ema = pretrained.parent / C.PRETRAINED_MODEL_EMA_DIR
+    return ema if ema.is_dir() else None
 
 
 def local_policy_folder(

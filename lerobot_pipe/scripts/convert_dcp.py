@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from lerobot_pipe.configs.parser import ConfigError, parse_options, required
 from lerobot_pipe.scripts.help import command_help
@@ -44,8 +45,23 @@ class ConvertOptions:
     # delete pytorch_model_fsdp_0/ after the written file was read back, compared tensor by
     # tensor with the shards and fsynced
     delete_dcp: bool = False
-    push_to_hub: str | None = None  # after converting, publish the folder to this Hub repo id
+    # with --ema.enable=true runs: the EMA policy folder's output (default: pretrained_model_ema/
+    # beside an --output_dir named pretrained_model, else <output_dir>_ema)
+    ema_output_dir: str | None = None
+    # after converting, publish the folder to this Hub repo id (an EMA policy to <repo id>-ema)
+    push_to_hub: str | None = None
     private: bool = False  # create the Hub repo as private
+
+
+def _converted_ema_policy(options: ConvertOptions) -> Path | None:
+    """The converted EMA policy folder of this conversion, when the checkpoint has one."""
+    from lerobot_pipe.convert.dcp_to_safetensors import ema_output_folder
+    from lerobot_pipe.policies.locate import ema_policy_dir, pretrained_dir
+
+    source = ema_policy_dir(pretrained_dir(options.checkpoint_dir))
+    if source is None:
+        return None
+    return ema_output_folder(options.output_dir, options.ema_output_dir) or source
 
 
 def usage() -> str:
@@ -75,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         weights = convert_checkpoint(
-            options.checkpoint_dir, output_dir=options.output_dir, delete_dcp=options.delete_dcp
+            options.checkpoint_dir,
+            output_dir=options.output_dir,
+            delete_dcp=options.delete_dcp,
+            ema_output_dir=options.ema_output_dir,
         )
     except ConversionError as e:
         report_error(PROG, e)
@@ -102,6 +121,17 @@ def main(argv: list[str] | None = None) -> int:
             report_error(PROG, f"push to {options.push_to_hub} failed: {e}")
             return 1
         log.info("Pushed %s to %s (commit %s)", folder, receipt.repo_id, receipt.commit_id)
+        ema = _converted_ema_policy(options)
+        if ema is not None:  # --ema.enable=true runs: the EMA policy to <repo_id>-ema
+            from lerobot_pipe.hub.publish import ema_repo_id
+
+            ema_repo = ema_repo_id(options.push_to_hub)
+            try:
+                receipt = publish_folder(ema, ema_repo, private=options.private)
+            except PublishError as e:
+                report_error(PROG, f"push to {ema_repo} failed: {e}")
+                return 1
+            log.info("Pushed %s to %s (commit %s)", ema, receipt.repo_id, receipt.commit_id)
     return 0
 
 

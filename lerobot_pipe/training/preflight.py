@@ -43,6 +43,7 @@ from lerobot_pipe.configs.train import (
     CHECKPOINT_FORMATS,
     MIXED_PRECISION_CHOICES,
     PEFT_METHODS,
+    EMAConfig,
     TrainConfig,
 )
 from lerobot_pipe.datasets import (
@@ -65,6 +66,7 @@ from lerobot_pipe.policies.vision.imagenet_weights import (
     offline_requested,
 )
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
+from lerobot_pipe.training.trackers import TrackerError, wandb_problem
 
 if TYPE_CHECKING:
     from lerobot_pipe.distributed.parallelize import ShardingPlan
@@ -79,6 +81,7 @@ USER_ERRORS = (
     AccelerateEnvError,
     RunLockError,
     PublishError,
+    TrackerError,
 )
 
 
@@ -283,6 +286,7 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
         )
     if cfg.policy.push_to_hub:
         _check_publishable(cfg)
+    _validate_ema(cfg.ema)
     if cfg.job_name is not None and ("/" in cfg.job_name or cfg.job_name.startswith(".")):
         raise ConfigError(
             f"--job_name={cfg.job_name!r}: must be a plain name (no '/', not starting with '.')"
@@ -294,6 +298,9 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(
                 "--trackio.enable=true needs the trackio package: pip install 'lerobot_pipe[trackio]'"
             ) from None
+    problem = wandb_problem(cfg.wandb)
+    if problem:
+        raise ConfigError(problem)
     policy = cfg.policy
     if cfg.peft is not None and not policy.use_peft:
         policy = replace(policy, use_peft=True)
@@ -305,6 +312,31 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
         scheduler=scheduler,
         policy=policy,
     )
+
+
+def _validate_ema(ema: EMAConfig) -> None:
+    """LeRobot main's checks of ``--ema.*`` (its EMAConfig.__post_init__), as one-line errors."""
+    if not 0.0 <= ema.min_decay <= ema.max_decay <= 1.0:
+        raise ConfigError(
+            f"--ema.min_decay={ema.min_decay} --ema.max_decay={ema.max_decay}: need "
+            "0 <= min_decay <= max_decay <= 1"
+        )
+    if ema.inv_gamma <= 0:
+        raise ConfigError(f"--ema.inv_gamma={ema.inv_gamma}: must be > 0")
+    if ema.power <= 0:
+        raise ConfigError(f"--ema.power={ema.power}: must be > 0")
+    if ema.update_after_step < 0:
+        raise ConfigError(f"--ema.update_after_step={ema.update_after_step}: must be >= 0")
+    if ema.decay is None:
+        return
+    if not 0.0 <= ema.decay <= 1.0:
+        raise ConfigError(f"--ema.decay={ema.decay}: must be in [0, 1]")
+    defaults = EMAConfig()
+    if (ema.min_decay, ema.max_decay) != (defaults.min_decay, defaults.max_decay):
+        raise ConfigError(
+            f"--ema.decay={ema.decay} (a constant decay) and --ema.min_decay / --ema.max_decay "
+            "(the schedule's bounds) exclude each other: set one or the other"
+        )
 
 
 def _check_publishable(cfg: TrainConfig) -> None:
@@ -319,6 +351,12 @@ def _check_publishable(cfg: TrainConfig) -> None:
     problem = cfg.policy.publish_problem()
     if problem:
         raise ConfigError(f"--policy.push_to_hub=true: {problem}")
+    ema_repo = f"{repo_id}{C.EMA_REPO_SUFFIX}"
+    if cfg.ema.enable and repo_id_problem(ema_repo):
+        raise ConfigError(
+            f"--policy.repo_id={repo_id}: the EMA policy is published to {ema_repo}, "
+            f"{repo_id_problem(ema_repo)}; choose a shorter name"
+        )
     if cfg.checkpoint_format == "dcp":
         raise ConfigError(
             "--policy.push_to_hub=true publishes model.safetensors, which "
@@ -401,12 +439,6 @@ def _refuse_unbuilt(cfg: TrainConfig) -> None:
         ),
         ("reward_model", cfg.reward_model is not None, "reward-model training is not built"),
         ("sample_weighting", cfg.sample_weighting is not None, "sample weighting is not built"),
-        (
-            "wandb.enable",
-            cfg.wandb.enable,
-            "W&B logging is not built; use --trackio.enable=true "
-            "(Hugging Face's offline-capable tracker)",
-        ),
         (
             "job.target",
             cfg.job.target not in (None, "local"),

@@ -38,14 +38,19 @@ def format_eta(seconds: float) -> str:
 
 def render_progress(event: dict[str, Any]) -> str:
     """The progress line of a ``progress`` event, e.g.
-    ``step 40/60 (66%) loss 0.1234 12.3 samples/s ETA 0:00:12; saved <folder>``."""
+    ``step 40/60 (66%) loss 0.1234 12.3 samples/s ETA 0:00:12 data wait 35%; saved <folder>``.
+    The data wait is the share of the step time spent waiting for batches (``dataloading_s`` /
+    ``step_s`` of the last logged step, slowest rank): when it is large, more
+    ``--num_workers`` help. Last before the saved folder, so a narrow terminal cuts it first."""
     step, total, loss = event["step"], event["total"], event.get("loss")
-    eta = event.get("eta_s")
+    eta, wait = event.get("eta_s"), event.get("data_wait")
     text = (
         f"step {step}/{total} ({100 * step // max(total, 1)}%) "
         f"loss {'-' if loss is None else f'{loss:.4f}'} {event['samples_per_s']:.1f} samples/s "
         f"ETA {'?' if eta is None else format_eta(eta)}"
     )
+    if wait is not None:
+        text += f" data wait {100 * wait:.0f}%"
     return text + (f"; saved {event['saved']}" if event.get("saved") else "")
 
 
@@ -122,8 +127,8 @@ class EventFollower:
 class ProgressReporter:
     """Call :meth:`update` after every loop step (with the loss sum and count since the last
     logged step, and the checkpoint it saved, if any) and :meth:`set_loss` with the loss of every
-    logged step (the mean over all ranks). Between logged steps a line shows the main process's
-    own running mean."""
+    logged step (the mean over all ranks) and its data-wait share. Between logged steps a line
+    shows the main process's own running mean."""
 
     def __init__(
         self,
@@ -141,6 +146,7 @@ class ProgressReporter:
         self.samples_per_step = samples_per_step
         self.channel = channel
         self.loss: float | None = None
+        self.data_wait: float | None = None
         self.bar = None
         if enabled and stream.isatty():
             from tqdm import tqdm
@@ -158,10 +164,15 @@ class ProgressReporter:
         self._started = now
         self._last_time, self._last_step = now, start_step
 
-    def set_loss(self, loss: float) -> None:
+    def set_loss(self, loss: float, data_wait: float | None = None) -> None:
+        """The logged step's loss and share of step time waiting for data (0-1)."""
         self.loss = loss
+        self.data_wait = data_wait
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            postfix = {"loss": f"{loss:.4f}"}
+            if data_wait is not None:
+                postfix["data_wait"] = f"{100 * data_wait:.0f}%"
+            self.bar.set_postfix(postfix, refresh=False)
 
     def update(self, step: int, running: torch.Tensor, saved: Path | None = None) -> None:
         if not self.enabled:
@@ -185,6 +196,7 @@ class ProgressReporter:
             if window
             else 0.0,
             "eta_s": (self.total - step) * (now - self._started) / done if done else None,
+            "data_wait": self.data_wait,
             "saved": str(saved) if saved else None,
         }
         if self.channel is not None:

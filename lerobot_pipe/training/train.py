@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,15 +26,16 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.checkpoint.manager import CheckpointManager
 from lerobot_pipe.checkpoint.pretrained import PolicyFiles
 from lerobot_pipe.checkpoint.stateful import TrainState
-from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
 from lerobot_pipe.datasets.prefetch import to_device
 from lerobot_pipe.distributed.parallelize import (
+    ShardingPlan,
     apply_parallelism,
     autocast_dtype,
     average_gradients,
     clip_grad_norm,
     make_grad_scaler,
+    plan_sharding,
 )
 from lerobot_pipe.distributed.runtime import (
     DistEnv,
@@ -46,6 +45,7 @@ from lerobot_pipe.distributed.runtime import (
     init_distributed,
     run_on_main,
 )
+from lerobot_pipe.distributed.unit_probe import find_bypassed_modules
 from lerobot_pipe.policies.factory import make_policy
 from lerobot_pipe.policies.peft import adapter_key_map, apply_peft
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy
@@ -56,10 +56,13 @@ from lerobot_pipe.processors import (
     make_pre_post_processors,
 )
 from lerobot_pipe.training import faults
+from lerobot_pipe.training.ema import EMAState
 from lerobot_pipe.training.optim import make_optimizer, make_scheduler
 from lerobot_pipe.training.preflight import TrainingPlan, sample_indices
 from lerobot_pipe.training.progress import EventChannel, ProgressReporter
 from lerobot_pipe.training.run_lock import RunLock, RunLockError, acquire_run_lock
+from lerobot_pipe.training.step_time import StepTimer
+from lerobot_pipe.training.trackers import MetricsLog, TrackerError
 
 log = logging.getLogger("lerobot_pipe.train")
 
@@ -70,7 +73,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def banner(plan: TrainingPlan, env: DistEnv, num_params: tuple[int, int]) -> str:
+def banner(
+    plan: TrainingPlan,
+    env: DistEnv,
+    num_params: tuple[int, int],
+    sharding: ShardingPlan | None = None,
+) -> str:
     cfg, dims = plan.cfg, plan.dims
     ga = cfg.accelerator.gradient_accumulation.steps
     eff = cfg.batch_size * dims.dp_world_size * ga
@@ -86,6 +94,26 @@ def banner(plan: TrainingPlan, env: DistEnv, num_params: tuple[int, int]) -> str
         f"Steps: {cfg.steps} loop steps (micro-batches per worker); save every {cfg.save_freq or 'end'}; "
         f"output: {plan.output_dir}",
     ]
+    if sharding is not None:
+        line = f"FSDP2 units: {len(sharding.wrap_units)} and the root"
+        if sharding.passed_over:
+            line += (
+                "; passed over (their forward never runs, their children may be units): "
+                + ", ".join(sharding.passed_over)
+            )
+        lines.append(line)
+    if cfg.ema.enable:
+        ema = cfg.ema
+        schedule = (
+            f"constant decay {ema.decay}"
+            if ema.decay is not None
+            else f"decay schedule inv_gamma={ema.inv_gamma} power={ema.power} "
+            f"in [{ema.min_decay}, {ema.max_decay}]"
+        )
+        lines.append(
+            f"EMA of the weights: {schedule}, update_after_step={ema.update_after_step}, "
+            f"use_for_eval={ema.use_for_eval}"
+        )
     if plan.resume_from is not None:
         lines.append(f"Resuming from {plan.resume_from} (step {plan.start_step})")
     return "\n".join(lines)
@@ -136,46 +164,6 @@ def _reduce_mean(values: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
         values /= dist.get_world_size()
     return values
-
-
-class MetricsLog:
-    """metrics.jsonl in the output dir (main rank), plus trackio when enabled."""
-
-    def __init__(self, plan: TrainingPlan, is_main: bool) -> None:
-        self.path = plan.output_dir / C.METRICS_LOG
-        self.enabled = is_main
-        self.trackio = None
-        if not is_main:
-            return
-        if self.path.exists():  # drop lines beyond the resumed step so the curve stays one run
-            keep = [
-                ln
-                for ln in self.path.read_text().splitlines()
-                if ln and json.loads(ln)["step"] <= plan.start_step
-            ]
-            self.path.write_text("".join(ln + "\n" for ln in keep))
-        if plan.cfg.trackio.enable:
-            import trackio
-
-            self.trackio = trackio
-            trackio.init(
-                project=plan.cfg.trackio.project,
-                name=plan.cfg.trackio.run_name or plan.cfg.job_name,
-                config=to_dict(plan.cfg),
-                resume="allow",
-            )
-
-    def log(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.trackio is not None:
-            self.trackio.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
-
-    def close(self) -> None:
-        if self.trackio is not None:
-            self.trackio.finish()
 
 
 def train(plan: TrainingPlan) -> Path | None:
@@ -272,6 +260,60 @@ def make_processors(
     return pre, post
 
 
+def plan_units_on_the_real_model(
+    plan: TrainingPlan,
+    policy: PreTrainedPolicy,
+    trainee: nn.Module,
+    pre: PolicyProcessorPipeline,
+    device: torch.device,
+) -> ShardingPlan:
+    """The run's FSDP2 wrap units, chosen again once the main rank has run the still unsharded
+    policy on one real batch, training forward and ``select_action``: a module whose forward
+    that skips cannot be a unit (the size policy passes over it; a unit chosen by class is
+    refused, naming it). Before the first step, so that this fails with a message instead of
+    FSDP2's "mixed torch.Tensor and DTensor" in the middle of the model. Collective."""
+    bypassed = run_on_main(
+        _probe_forwards, plan, policy, trainee, pre, device, what="running the policy once"
+    )
+    return plan_sharding(trainee, plan.cfg.accelerator, type(policy)._fsdp_wrap_modules, bypassed)
+
+
+def _probe_forwards(
+    plan: TrainingPlan,
+    policy: PreTrainedPolicy,
+    trainee: nn.Module,
+    pre: PolicyProcessorPipeline,
+    device: torch.device,
+) -> dict[str, str]:
+    """find_bypassed_modules on a batch of two samples as the loop gets them; RNGs, buffers and
+    the policy's queues are left as they were."""
+    cfg = plan.cfg
+    sampler = GlobalBatchSampler(
+        len(plan.dataset),
+        min(2, cfg.batch_size),
+        dp_rank=0,
+        dp_world_size=1,
+        seed=cfg.seed,
+        indices=sample_indices(cfg.policy, plan.dataset),
+    )
+    with BatchPrefetcher(plan.dataset, sampler, 0, device=device) as loader:
+        batch = pre(loader.next())
+    features = policy.config.input_features
+    # select_action takes one observation per sample: the newest of an observation window.
+    observation = {
+        key: value[:, -1] if value.dim() == len(features[key]["shape"]) + 2 else value
+        for key, value in batch.items()
+        if key in features
+    }
+    trainee.to(device)
+    return find_bypassed_modules(
+        trainee,
+        lambda: trainee(batch),
+        lambda: policy.select_action(observation),
+        reset=policy.reset,
+    )
+
+
 def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     """Verify the checkpoint to resume from (each rank hashing a share; a fallback gives a new
     plan), then build policy, processors, wrapping, optimizer, scheduler and scaler and restore
@@ -310,9 +352,12 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     n_params = sum(p.numel() for p in trainee.parameters())
     n_trainable = sum(p.numel() for p in trainee.parameters() if p.requires_grad)
 
+    sharding = plan.sharding
+    if sharding is not None:
+        sharding = plan_units_on_the_real_model(plan, policy, trainee, pre, env.device)
     # FSDP2 neither shards nor reduces ignored parameters: their gradients are averaged here.
-    ignored = plan.sharding.ignored_parameters(trainee) if plan.sharding is not None else []
-    model = apply_parallelism(trainee, dims, env, cfg.accelerator, plan.sharding)
+    ignored = sharding.ignored_parameters(trainee) if sharding is not None else []
+    model = apply_parallelism(trainee, dims, env, cfg.accelerator, sharding)
     # Groups from the (in place sharded) policy itself: LeRobot's grouping and parameter order.
     optimizer = make_optimizer(trainee.get_optim_params(), cfg.optimizer)
     scheduler = make_scheduler(optimizer, cfg.scheduler, cfg.steps)
@@ -325,13 +370,15 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         PolicyFiles(policy, trainee, pre, post, cfg),
         scheduler=scheduler,
         scaler=scaler,
+        # The shadow of the trainee's (sharded in place) parameters: training/ema.py.
+        ema=EMAState(trainee, cfg.ema) if cfg.ema.enable else None,
         adapter_key_map=(lambda sd: {adapter_keys[k]: v for k, v in sd.items()})
         if adapter_keys
         else None,
     )
     checkpoints.load(state, plan.resume)
     if env.is_main:
-        log.info("\n%s", banner(plan, env, (n_params, n_trainable)))
+        log.info("\n%s", banner(plan, env, (n_params, n_trainable), sharding))
     return Session(
         plan=plan,
         policy=policy,
@@ -351,7 +398,7 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
     cfg, dims = plan.cfg, plan.dims
     ga = cfg.accelerator.gradient_accumulation.steps
     model, optimizer = session.model, session.optimizer
-    scheduler, scaler = state.scheduler, state.scaler
+    scheduler, scaler, ema = state.scheduler, state.scaler, state.ema
     pre, ignored, start_step = session.pre, session.ignored, state.progress.step
     if start_step >= cfg.steps:
         checkpoints.shutdown()
@@ -374,11 +421,11 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
         indices=sample_indices(cfg.policy, plan.dataset),
     )
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers, device=env.device)
-    metrics = MetricsLog(plan, env.is_main)
+    metrics: MetricsLog | None = None
+    timer = StepTimer(env.device)
+    samples_per_step = cfg.batch_size * dims.dp_world_size
     trainable = [p for p in model.parameters() if p.requires_grad]
-    progress = ProgressReporter(
-        env.is_main, start_step, cfg.steps, cfg.batch_size * dims.dp_world_size, channel
-    )
+    progress = ProgressReporter(env.is_main, start_step, cfg.steps, samples_per_step, channel)
     autocast = (
         torch.autocast(env.device.type, dtype=amp_dtype)
         if amp_dtype is not None
@@ -386,17 +433,22 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
     )
     is_ddp = isinstance(model, DistributedDataParallel)
     running = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss sum, count
-    window_start, window_samples = time.perf_counter(), 0
     grad_norm = torch.zeros((), device=env.device)
     window: list[dict[str, torch.Tensor]] = []
     try:
+        metrics = open_metrics(plan, env)
         for step in range(start_step + 1, cfg.steps + 1):
             faults.set_step(step)
+            log_step = step % cfg.log_freq == 0 or step == cfg.steps
+            timer.start()
             if not window:  # the micro-batches of one optimizer update
                 window = [prefetcher.next() for _ in range(ga)]
+                timer.lap("dataloading_s")
                 loss_kwargs = _loss_normalizers(session.policy, window, env.device)
+                timer.lap("update_s")
             batch = window.pop(0)
             batch = pre(to_device(batch, env.device, non_blocking=True))
+            timer.lap("preprocessing_s")
             sync = step % ga == 0
             if dims.is_sharded:
                 model.set_requires_gradient_sync(sync)
@@ -415,37 +467,53 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
                 faults.fault_point("train:after_optimizer_step")
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
+                if ema is not None:  # once per optimizer update (a skipped fp16 one too)
+                    ema.update()
             if scheduler is not None:
                 scheduler.step()
             running[0] += loss.detach().float()
             running[1] += 1
-            window_samples += cfg.batch_size * dims.dp_world_size
+            timer.stop(sync=log_step)
 
-            if step % cfg.log_freq == 0 or step == cfg.steps:
+            if log_step:
                 stats = _reduce_mean(running.clone())
-                elapsed = time.perf_counter() - window_start
+                times = timer.reduce()  # each the max over ranks
                 record = {
                     "step": step,
                     "loss": stats[0].item() / max(stats[1].item(), 1),
                     "grad_norm": float(grad_norm),
                     "lr": optimizer.param_groups[0]["lr"],
-                    "samples_per_s": window_samples / elapsed if elapsed > 0 else 0.0,
+                    "samples_per_s": samples_per_step / times["step_s"]
+                    if times["step_s"] > 0
+                    else 0.0,
+                    **times,
+                    "samples": sampler.samples_consumed,
                     "epoch": sampler.epochs_consumed,
                 }
+                if ema is not None:  # LeRobot main's names (W&B: train/ema/...)
+                    record["ema/decay"] = ema.decay
+                    record["ema/step"] = ema.optimization_step
                 metrics.log(record)
-                progress.set_loss(record["loss"])
+                progress.set_loss(
+                    record["loss"],
+                    times["dataloading_s"] / times["step_s"] if times["step_s"] > 0 else None,
+                )
                 if env.is_main:
                     log.info(
-                        "step %d/%d loss %.5f grad_norm %.3f lr %.2e %.1f samples/s",
+                        "step %d/%d loss %.5f grad_norm %.3f lr %.2e %.1f samples/s "
+                        "data_s %.3f prep_s %.3f updt_s %.3f step_s %.3f",
                         step,
                         cfg.steps,
                         record["loss"],
                         record["grad_norm"],
                         record["lr"],
                         record["samples_per_s"],
+                        times["dataloading_s"],
+                        times["preprocessing_s"],
+                        times["update_s"],
+                        times["step_s"],
                     )
                 running.zero_()
-                window_start, window_samples = time.perf_counter(), 0
 
             state.progress.step = step
             state.progress.samples_consumed = sampler.samples_consumed
@@ -453,17 +521,40 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
             if checkpoints.save(step, last_step=step == cfg.steps):
                 # The newest durable checkpoint: this one (sync) or the one before (async).
                 saved = checkpoints.last_saved
-                window_start = time.perf_counter()
+                metrics.checkpoint(saved)
             progress.update(step, running, saved)
         last_saved = checkpoints.close()  # training ends once the last save is durable
+        metrics.checkpoint(last_saved)
     finally:
         checkpoints.shutdown()  # after an error: still lets the save in flight finish
         prefetcher.close()
         progress.close()
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
     if last_saved is not None and cfg.policy.push_to_hub:
         _push_final(plan, last_saved)
     return last_saved
+
+
+def open_metrics(plan: TrainingPlan, env: DistEnv) -> MetricsLog:
+    """Collective: the trackers, opened on the main rank (W&B starts its run there); when that
+    fails (a login the server refuses, ...) every rank stops with its message."""
+    opened: list[MetricsLog] = []
+
+    def _open() -> None:
+        opened.append(
+            MetricsLog(
+                plan.cfg,
+                start_step=plan.start_step,
+                is_main=True,
+                num_frames=len(plan.dataset),
+                num_episodes=plan.dataset.num_episodes,
+                resumed_from=plan.resume_from,
+            )
+        )
+
+    run_on_main(_open, error_type=TrackerError, what="starting the metrics trackers")
+    return opened[0] if opened else MetricsLog(plan.cfg, start_step=plan.start_step, is_main=False)
 
 
 def _push_final(plan: TrainingPlan, step_dir: Path) -> None:

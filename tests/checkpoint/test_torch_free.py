@@ -10,6 +10,7 @@ TORCH_FREE = [
     "lerobot_pipe.checkpoint.resume",
     "lerobot_pipe.pipeline.config",
     "lerobot_pipe.training.progress",
+    "lerobot_pipe.training.trackers",
     "lerobot_pipe.hub.repo_id",
 ]
 

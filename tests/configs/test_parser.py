@@ -111,12 +111,29 @@ def test_optimizer_flags_are_replaced_by_the_preset_with_a_warning(caplog):
 def test_extension_fields_are_written_only_when_set():
     cfg, _ = parse_train_config(["--policy.type=act", "--peft.r=4"])
     data = to_dict(cfg)
-    assert "trackio" not in data and "lora_dropout" not in data["peft"]
+    assert "trackio" not in data and "lora_dropout" not in data["peft"] and "ema" not in data
     cfg, _ = parse_train_config(
-        ["--policy.type=act", "--peft.lora_dropout=0.1", "--trackio.enable=true"]
+        [
+            "--policy.type=act",
+            "--peft.lora_dropout=0.1",
+            "--trackio.enable=true",
+            "--ema.enable=true",
+            "--ema.decay=0.99",
+        ]
     )
     data = to_dict(cfg)
     assert data["trackio"]["enable"] is True and data["peft"]["lora_dropout"] == 0.1
+    assert data["ema"] == {
+        "enable": True,
+        "decay": 0.99,
+        "update_after_step": 0,
+        "inv_gamma": 1.0,
+        "power": 0.75,
+        "min_decay": 0.0,
+        "max_decay": 0.9999,
+        "use_for_eval": True,
+    }
+    assert to_dict(from_dict(TrainConfig, json.loads(json.dumps(data)))) == data
 
 
 def test_round_trip():

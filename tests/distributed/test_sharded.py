@@ -9,7 +9,7 @@ import pytest
 import torch
 from launch import run_distributed
 from safetensors.torch import load_file
-from tiny import DETERMINISTIC, WITH_SCHEDULER, full_state, losses, tiny_act_flags
+from tiny import DETERMINISTIC, WITH_SCHEDULER, full_state, losses, run_train, tiny_act_flags
 
 from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
@@ -153,3 +153,24 @@ def test_resharding_matrix(sources, source, tmp_path):
         if optim_file.exists():
             _equal(state["optim"], load_file(optim_file), f"{source}->{target} optimizer")
         _equal(state["optim"], loaded["single"]["optim"], f"{source}->{target} optimizer vs single")
+
+
+def test_an_optimizer_without_tensor_state_saves_and_resumes_sharded(dataset_root, tmp_path):
+    """Plain SGD keeps no tensor state: a rank's DCP plan for the optimizer is then empty, and
+    DCP still writes that rank an (empty) shard file, which the manifest must list."""
+    sgd = {
+        "use_policy_training_preset": "false",
+        "optimizer.type": "sgd",
+        "optimizer.lr": 1e-2,
+        "optimizer.momentum": 0.0,
+        "scheduler.type": "constant_with_warmup",
+        "scheduler.num_warmup_steps": 0,
+    }
+    flags = tiny_act_flags(**{"dataset.root": dataset_root, "batch_size": 4, **sgd})
+    common = ["--parallelism.dp_shard=2", "--checkpoint_format=dcp", f"--output_dir={tmp_path}"]
+    run_distributed(run_train, 2, [*flags, "--steps=2", "--save_freq=2", *common])
+    run_distributed(run_train, 2, [*flags, "--steps=3", "--save_freq=3", "--resume=true", *common])
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name != "last") == [
+        "000002",
+        "000003",
+    ]

@@ -67,6 +67,41 @@ def job_actions(spec: dict) -> None:
     cfg, policy, pre, post = _policy(
         spec["pretrained"], spec["dataset_root"], spec.get("rename_map")
     )
+    _act(spec, cfg, policy, pre, post)
+
+
+def job_strict_actions(spec: dict) -> None:
+    """job_actions with the policy loaded by its class's ``from_pretrained(strict=True)``: every
+    tensor of model.safetensors is one of the class's and none is missing."""
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+    cfg = PreTrainedConfig.from_pretrained(spec["pretrained"])
+    cfg.device = "cpu"
+    policy = get_policy_class(cfg.type).from_pretrained(spec["pretrained"], config=cfg, strict=True)
+    overrides = {"device_processor": {"device": "cpu"}}
+    pre, post = make_pre_post_processors(
+        cfg, pretrained_path=spec["pretrained"], preprocessor_overrides=overrides
+    )
+    _act(spec, cfg, policy, pre, post)
+    # The order of policy.parameters(): diffusers' EMAModel.shadow_params (ema_state.pt) follow it.
+    names = [name for name, _ in policy.named_parameters()]
+    Path(spec["out"] + ".parameters.json").write_text(json.dumps(names))
+
+
+def job_ema_decays(spec: dict) -> None:
+    """diffusers' EMAModel.get_decay for updates 1..20, built as LeRobot main's lerobot_train.py
+    builds it (use_ema_warmup=True) from each case's keyword arguments."""
+    from diffusers.training_utils import EMAModel
+
+    out = {}
+    for name, kwargs in spec["cases"].items():
+        ema = EMAModel([torch.nn.Parameter(torch.zeros(1))], use_ema_warmup=True, **kwargs)
+        out[name] = [ema.get_decay(n) for n in range(1, 21)]
+    Path(spec["out"]).write_text(json.dumps(out))
+
+
+def _act(spec: dict, cfg, policy, pre, post) -> None:
     observation = load_file(spec["observation"])
     policy.eval()
     policy.reset()
@@ -200,8 +235,10 @@ def job_lr_schedules(spec: dict) -> None:
 JOBS = {
     "actions": job_actions,
     "defaults": job_defaults,
+    "ema_decays": job_ema_decays,
     "loss": job_loss,
     "lr_schedules": job_lr_schedules,
+    "strict_actions": job_strict_actions,
     "train_config": job_train_config,
     "training_state": job_training_state,
 }

@@ -96,7 +96,12 @@ CASES = [
         {},
         "needs --scheduler.type too",
     ),
-    ("wandb", ["--wandb.enable=true"], {}, "--wandb.enable: W&B logging is not built"),
+    (
+        "wandb-mode",
+        ["--wandb.enable=true", "--wandb.mode=ofline"],
+        {},
+        "--wandb.mode='ofline': choose one of online, offline, disabled",
+    ),
     (
         "peft-method",
         ["--peft.method_type=MISS"],
@@ -204,6 +209,33 @@ CASES = [
         {},
         "choose one of float32, bfloat16, float16",
     ),
+    ("ema-decay-range", ["--ema.decay=1.5"], {}, "--ema.decay=1.5: must be in [0, 1]"),
+    (
+        "ema-bounds",
+        ["--ema.min_decay=0.5", "--ema.max_decay=0.1"],
+        {},
+        "need 0 <= min_decay <= max_decay <= 1",
+    ),
+    ("ema-inv-gamma", ["--ema.inv_gamma=0"], {}, "--ema.inv_gamma=0.0: must be > 0"),
+    ("ema-power", ["--ema.power=-1"], {}, "--ema.power=-1.0: must be > 0"),
+    (
+        "ema-update-after-step",
+        ["--ema.update_after_step=-1"],
+        {},
+        "--ema.update_after_step=-1: must be >= 0",
+    ),
+    (
+        "ema-decay-and-bounds",
+        ["--ema.decay=0.99", "--ema.min_decay=0.5"],
+        {},
+        "exclude each other: set one or the other",
+    ),
+    (
+        "push-ema-repo-too-long",
+        ["--policy.push_to_hub=true", f"--policy.repo_id=me/{'a' * 94}", "--ema.enable=true"],
+        {"HF_TOKEN": "hf_test"},
+        "the EMA policy is published to me/",
+    ),
     (
         "accelerate-mixed-precision-env",
         [],
@@ -243,6 +275,25 @@ def test_bad_input_fails_early_and_writes_nothing(
     assert expected in err, err
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+@pytest.mark.parametrize("installed", [False, True], ids=["no-package", "no-key"])
+def test_wandb_that_cannot_log_is_refused(base_flags, tmp_path, monkeypatch, capsys, installed):
+    """Online W&B without an API key, or without the package, fails before launch."""
+    if installed:
+        pytest.importorskip("wandb")
+        for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+        expected = "logs online but no W&B API key is configured: set WANDB_API_KEY"
+    else:
+        monkeypatch.setitem(sys.modules, "wandb", None)  # Python's own way to fail an import
+        expected = "needs the wandb package: pip install 'lerobot_pipe[wandb]'"
+    monkeypatch.chdir(tmp_path)
+    assert train_main([*base_flags, "--wandb.enable=true"]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_existing_output_without_resume_is_refused(dataset_root, tmp_path, capsys):

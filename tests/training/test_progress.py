@@ -39,6 +39,11 @@ def test_render_progress():
     assert render_progress(saved) == (
         "step 40/60 (66%) loss - 12.3 samples/s ETA ?; saved out/checkpoints/000040"
     )
+    # The share of the step time spent waiting for data (dataloading_s / step_s).
+    waiting = {**saved, "data_wait": 0.354}
+    assert render_progress(waiting) == (
+        "step 40/60 (66%) loss - 12.3 samples/s ETA ? data wait 35%; saved out/checkpoints/000040"
+    )
 
 
 def test_channel_carries_progress_and_every_ranks_warnings(tmp_path):
@@ -54,6 +59,7 @@ def test_channel_carries_progress_and_every_ranks_warnings(tmp_path):
         logger.info("not shown")  # below WARNING
         logger.warning("disk %s is slow", "/data")
         reporter = ProgressReporter(True, 0, 60, 8, channel=channels[0], stream=io.StringIO())
+        reporter.set_loss(0.5, data_wait=0.25)
         import torch
 
         reporter.update(60, torch.tensor([1.5, 3.0]))  # the last step always reports
@@ -65,6 +71,7 @@ def test_channel_carries_progress_and_every_ranks_warnings(tmp_path):
     assert [e["event"] for e in events] == ["log", "progress"]
     assert events[0]["rank"] == 1 and events[0]["message"] == "disk /data is slow"
     assert events[1]["step"] == 60 and events[1]["loss"] == 0.5
+    assert events[1]["data_wait"] == 0.25
     assert follower.events() == []
     lines = events_path(tmp_path).read_text().splitlines()
     assert all(json.loads(line) for line in lines) and len(lines) == 3
@@ -77,6 +84,10 @@ def test_the_eta_stays_on_an_80_column_terminal(monkeypatch):
     terminal.show({**EVENT, "step": 1000, "total": 100000, "samples_per_s": 1234.5, "eta_s": 1e5})
     drawn = stream.getvalue().split("\r\x1b[K")[-1]
     assert len(drawn) <= 79 and drawn.endswith("ETA 1 day, 3:46:40"), drawn
+    # The data-wait share comes after the ETA: a narrow terminal cuts it, not the ETA.
+    terminal.show({**EVENT, "step": 1000, "total": 100000, "eta_s": 1e5, "data_wait": 0.5})
+    drawn = stream.getvalue().split("\r\x1b[K")[-1]
+    assert len(drawn) <= 79 and "ETA 1 day, 3:46:40" in drawn, drawn
     monkeypatch.setenv("COLUMNS", "200")
     terminal.show(EVENT)
     drawn = stream.getvalue().split("\r\x1b[K")[-1]

@@ -167,3 +167,25 @@ def test_bad_config_fails_in_validate_before_training(tmp_path):
     assert "train" not in result.jobs()
     assert not workspace.path(TRAIN_DIR).exists()
     assert not workspace.path(f"{RUN}/logs/train.log").exists()
+
+
+def test_ema_policy_is_converted_and_published(tmp_path, hub_server):  # noqa: F811
+    """train.ema: every checkpoint's pretrained_model_ema/ (DCP shards under the default FSDP2)
+    is converted beside the policy and published to <hub_repo_id>-ema."""
+    workspace = Workspace.fresh(tmp_path / "repo")
+    override = workspace.write_config(
+        "ema.yaml", {"train": {"steps": 4, "save_freq": 4, "ema": {"enable": True}}}
+    )
+    repo_id = "alice/tiny-act"
+    hub = ["--config", f"hub_repo_id={repo_id}", f"hub_endpoint={hub_server.url}"]
+    result = workspace.snakemake(
+        "--cores", "2", "--configfile", "config/config.yaml", override, *hub, env=hub_server.env()
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    converted = workspace.path(f"{RUN}/converted/000004")
+    ema = converted / "pretrained_model_ema/model.safetensors"
+    assert ema.is_file() and (converted / "pretrained_model/model.safetensors").is_file()
+    assert not (converted / "pretrained_model_ema/pytorch_model_fsdp_0").exists()
+    assert hub_server.read_file(f"{repo_id}-ema", "model.safetensors") == ema.read_bytes()
+    receipt = json.loads(workspace.path(f"{RUN}/published/000004.json").read_text())
+    assert receipt["ema"]["repo_id"] == f"{repo_id}-ema"

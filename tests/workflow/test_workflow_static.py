@@ -152,6 +152,8 @@ def test_publishing_switched_on_from_the_command_line(workspace):
         ({"launch": {"nproc_per_node": 0}}, "config key launch.nproc_per_node: 0 is less than"),
         ({"train": {"output_dir": "x"}}, "train.output_dir: the pipeline sets --output_dir"),
         ({"publish": {"steps": "some"}}, "config key publish.steps: 'some' is not one of"),
+        ({"train": {"ema": {"decay": 2}}}, "config key train.ema.decay: 2 is greater than"),
+        ({"train": {"ema": {"every": 2}}}, "unknown config key train.ema.every; allowed here"),
     ],
 )
 def test_config_schema_rejects_bad_keys(workspace, override, complaint):

@@ -13,6 +13,7 @@ from lerobot_pipe.constants import (
     CHECKPOINTS_DIR,
     LAST_CHECKPOINT_LINK,
     PRETRAINED_MODEL_DIR,
+    PRETRAINED_MODEL_EMA_DIR,
     TRAINING_STATE_DIR,
     TRAINING_STEP,
 )

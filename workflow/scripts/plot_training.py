@@ -1,4 +1,5 @@
-"""Loss curve and throughput of one training run, from lerobot-train's metrics.jsonl."""
+"""Loss curve, throughput and step-time split of one training run, from lerobot-train's
+metrics.jsonl."""
 
 import contextlib
 import json
@@ -40,17 +41,53 @@ def plot(records: dict[int, dict], key: str, ylabel: str, title: str, out: str) 
     plt.close(fig)
 
 
+# lerobot-train's step-time split (LeRobot's names), each the slowest rank's mean over the
+# logged window; step_s is the whole step.
+PHASES = (
+    ("dataloading_s", "waiting for data"),
+    ("preprocessing_s", "preprocessing"),
+    ("update_s", "forward, backward, optimizer"),
+)
+
+
+def plot_throughput(records: dict[int, dict], title: str, out: str) -> None:
+    """Samples per second above, and below where each step's time went: the phases stacked,
+    the whole step as a line. Records of an older lerobot-train have no split: the lower
+    panel stays empty."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5.5), sharex=True)
+    points = [(step, r["samples_per_s"]) for step, r in records.items() if "samples_per_s" in r]
+    if points:
+        steps, values = zip(*points, strict=True)
+        top.plot(steps, values, marker=".")
+    top.set_ylabel("samples / s (all ranks)")
+    top.set_title(title)
+    top.grid(alpha=0.3)
+    split = {s: r for s, r in records.items() if all(k in r for k, _ in PHASES)}
+    if split:
+        steps = list(split)
+        bottom.stackplot(
+            steps,
+            *[[split[s][key] for s in steps] for key, _ in PHASES],
+            labels=[f"{label} ({key})" for key, label in PHASES],
+            alpha=0.8,
+        )
+        if all("step_s" in r for r in split.values()):
+            step_s = [split[s]["step_s"] for s in steps]
+            bottom.plot(steps, step_s, color="black", linewidth=1, label="step (step_s)")
+        bottom.legend(fontsize="small", loc="upper right")
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("seconds per step (slowest rank)")
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
 def main(snakemake) -> None:
     records = read_metrics(Path(snakemake.params.metrics))
     run = snakemake.params.run
     plot(records, "loss", "training loss", f"{run}: loss", snakemake.output.loss)
-    plot(
-        records,
-        "samples_per_s",
-        "samples / s (all ranks)",
-        f"{run}: throughput",
-        snakemake.output.throughput,
-    )
+    plot_throughput(records, f"{run}: throughput", snakemake.output.throughput)
 
 
 with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):  # noqa: F821

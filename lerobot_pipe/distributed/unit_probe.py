@@ -1,0 +1,174 @@
+"""Which submodules' ``forward`` a policy bypasses: the probe behind FSDP2's wrap units.
+
+FSDP2 gathers a unit's parameters in hooks on the unit's ``forward``. A model that calls a
+module's children, or its parameters, without calling the module itself (``seq[1:](x)``,
+``layer.self_attn(...)`` instead of ``layer(...)``, ``F.linear(x, m.weight)``) leaves such a unit's
+parameters sharded where they are used, and the first step fails deep in the model with
+``got mixed torch.Tensor and DTensor``. Choosing units by class or by size cannot see this; only
+running the model can. :func:`find_bypassed_modules` runs the policy's training forward and its
+inference methods once, on one real batch, before the model is sharded, and records every use of
+a parameter with the modules that were running at that moment: a module that owns a parameter
+used while the module's own forward was not running is *bypassed* and cannot be a unit.
+
+A run on the meta device cannot do this (models call ``.item()``, samplers draw numbers): the
+probe runs on the real, still unsharded model on each rank, with the RNG states, buffers and
+policy queues saved and restored around it, so training proceeds exactly as without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+# Reading a parameter's metadata is no use of its values: a sharded parameter answers it too.
+_METADATA = frozenset(
+    [
+        *(
+            getattr(torch.Tensor, name).__get__
+            for name in (
+                "dtype",
+                "device",
+                "shape",
+                "ndim",
+                "requires_grad",
+                "is_cuda",
+                "layout",
+                "is_meta",
+                "grad",
+                "grad_fn",
+                "is_leaf",
+            )
+        ),
+        *(
+            getattr(torch.Tensor, name)
+            for name in (
+                "size",
+                "dim",
+                "numel",
+                "is_floating_point",
+                "is_complex",
+                "element_size",
+                "get_device",
+                "is_contiguous",
+                "stride",
+                "data_ptr",
+                "__len__",
+            )
+        ),
+    ]
+)
+
+
+class _ParameterUses(TorchFunctionMode):
+    """Records, for each torch call that takes a parameter, the parameter and whether each of
+    its owners was running (their forward on the stack)."""
+
+    def __init__(self, owners: dict[int, list[tuple[str, list[nn.Module]]]], active: Counter):
+        super().__init__()
+        self.owners = owners  # id(param) -> [(its name, the modules on that name's path)]
+        self.active = active  # id(module) -> how many of its forwards are running
+        self.bypassed: dict[str, str] = {}  # module name -> a parameter used outside its forward
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _METADATA:
+            return func(*args, **kwargs)
+        leaves, _ = tree_flatten((args, kwargs))
+        for leaf in leaves:
+            if isinstance(leaf, nn.Parameter) and id(leaf) in self.owners:
+                self._check(self.owners[id(leaf)])
+        return func(*args, **kwargs)
+
+    def _check(self, paths: list[tuple[str, list[tuple[str, nn.Module]]]]) -> None:
+        # A tied parameter has several names: the use belongs to the name whose modules run most.
+        name, path = max(paths, key=lambda p: sum(self.active[id(m)] > 0 for _, m in p[1]))
+        for module_name, module in path:
+            if not self.active[id(module)]:
+                self.bypassed.setdefault(module_name, name)
+
+
+def _parameter_owners(model: nn.Module) -> dict[int, list[tuple[str, list[tuple[str, nn.Module]]]]]:
+    """Each parameter's names, each with the named submodules along it (the root excluded: the
+    root unit gathers through the entry points, see find_bypassed_modules)."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    owners: dict[int, list] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        parts = name.split(".")[:-1]
+        path = [
+            (".".join(parts[:i]), modules[".".join(parts[:i])]) for i in range(1, len(parts) + 1)
+        ]
+        owners.setdefault(id(param), []).append((name, path))
+    return owners
+
+
+@contextlib.contextmanager
+def _track_forwards(model: nn.Module, active: Counter) -> Iterator[None]:
+    def enter(module, args):
+        active[id(module)] += 1
+
+    def leave(module, args, output):
+        active[id(module)] -= 1
+
+    handles = []
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def _state_untouched(model: nn.Module) -> Iterator[None]:
+    """Every RNG (torch's CPU and CUDA, numpy's, Python's), every buffer (batch-norm
+    statistics) and every module's train/eval mode (``select_action`` switches to eval) as
+    they were before."""
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    modes = [(m, m.training) for m in model.modules()]
+    py_state, np_state = random.getstate(), np.random.get_state()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
+        for module, training in modes:
+            module.training = training
+
+
+def find_bypassed_modules(
+    model: nn.Module, *entry_points: Callable[[], object], reset: Callable[[], None] | None = None
+) -> dict[str, str]:
+    """The submodules of ``model`` whose parameters ``entry_points`` use while the submodule's
+    own ``forward`` is not running, each with one such parameter's name, in model order.
+
+    ``entry_points`` call the model (its training forward, ``select_action``, ...) without
+    gradients; the root itself counts as running throughout (FSDP2's root unit gathers on the
+    training forward and on the inference methods registered with it). ``reset`` (the policy's
+    ``reset``) empties action queues afterwards. RNGs, buffers and train/eval modes are
+    restored.
+    """
+    active: Counter = Counter()
+    uses = _ParameterUses(_parameter_owners(model), active)
+    with _state_untouched(model), _track_forwards(model, active), torch.no_grad():
+        for entry in entry_points:
+            with uses:
+                entry()
+        if reset is not None:
+            reset()
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    return dict(sorted(uses.bypassed.items(), key=lambda item: order.get(item[0], len(order))))
