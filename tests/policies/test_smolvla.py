@@ -176,6 +176,33 @@ def test_sampler_shapes_and_queue(tiny_vlm):
     assert not torch.allclose(per_sample, swapped)
 
 
+def test_the_decoder_layers_forward_never_runs(tiny_vlm):
+    """Why LlamaDecoderLayer is no wrap unit: SmolVLA calls its submodules directly, in training
+    and in inference; the vision tower's layers (the declared units) do run."""
+    from lerobot_pipe.distributed.unit_probe import find_bypassed_modules
+    from lerobot_pipe.policies.smolvla import SmolVLAPolicy
+
+    policy = SmolVLAPolicy(SmolVLAConfig.tiny(vlm_model_name=str(tiny_vlm), **FEATURES))
+    batch = {
+        "observation.images.top": torch.rand(2, 3, 32, 32),
+        "observation.state": torch.randn(2, 2),
+        "observation.language.tokens": torch.randint(0, 20, (2, 5)),
+        "observation.language.attention_mask": torch.ones(2, 5, dtype=torch.bool),
+    }
+    train_batch = {**batch, "action": torch.randn(2, 4, 2)}
+    bypassed = find_bypassed_modules(
+        policy,
+        lambda: policy(train_batch),
+        lambda: policy.select_action(batch),
+        reset=policy.reset,
+    )
+    classes = {type(policy.get_submodule(name)).__name__ for name in bypassed}
+    assert "LlamaDecoderLayer" in classes
+    assert "model.vlm_with_expert.lm_expert.layers.0" in bypassed
+    assert "model.vlm_with_expert.vlm.model.text_model.layers.1" in bypassed
+    assert not classes & set(SmolVLAPolicy._fsdp_wrap_modules)
+
+
 def test_train_run_checkpoint_reloads(tiny_vlm, tmp_path):
     """lerobot-train --policy.type=smolvla, single process, on a camera dataset with two tasks;
     resumed, it repeats the uninterrupted run exactly; the checkpoint reloads and acts."""
