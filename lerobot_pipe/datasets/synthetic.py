@@ -50,6 +50,16 @@ STATE_FEATURES: dict[str, dict[str, Any]] = {
 }
 
 
+def expert_move(position: np.ndarray, goal: np.ndarray, fps: int) -> np.ndarray:
+    """The scripted expert's move ``(n, 2)`` from ``position`` towards ``goal`` (both ``(n, 2)``):
+    straight at it, at most ``MAX_SPEED / fps`` long. Its command is ``position + move`` (plus
+    noise in the dataset); the agent then is where it was commanded to be. The synthetic
+    environment (lerobot_pipe.envs.synthetic) steps the same dynamics."""
+    to_goal = goal - position
+    distance = np.linalg.norm(to_goal, axis=1, keepdims=True)
+    return to_goal * np.minimum(1.0, (MAX_SPEED / fps) / np.maximum(distance, 1e-12))
+
+
 def _rollout(
     num_episodes: int, episode_length: int, fps: int, seed: int
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -60,14 +70,11 @@ def _rollout(
     innovations = rng.normal(
         0.0, NOISE_STD * np.sqrt(1 - NOISE_CORRELATION**2), size=(episode_length, num_episodes, 2)
     )
-    step = MAX_SPEED / fps
     states = np.empty((episode_length, num_episodes, 2))
     actions = np.empty((episode_length, num_episodes, 2))
     position, noise = starts, np.zeros((num_episodes, 2))
     for t in range(episode_length):
-        to_goal = goals - position
-        distance = np.linalg.norm(to_goal, axis=1, keepdims=True)
-        move = to_goal * np.minimum(1.0, step / np.maximum(distance, 1e-12))
+        move = expert_move(position, goals, fps)
         noise = NOISE_CORRELATION * noise + innovations[t]
         states[t] = position
         actions[t] = position + move + noise
