@@ -25,6 +25,9 @@ from lerobot_pipe.configs.types import ACTION, OBS_ENV_STATE, OBS_STATE
 from lerobot_pipe.envs.configs import OBS_IMAGE, OBS_IMAGES, EnvConfig
 
 
+TASK_ATTRIBUTES = ("task_description", "task")
+
+
 class EnvError(ValueError):
     """An environment that cannot be made, or does not fit the policy (a one-line message)."""
 
@@ -80,8 +83,27 @@ def make_env(cfg: EnvConfig, n_envs: int = 1, use_async_envs: bool = False):
     fns = [_env_factory(cfg) for _ in range(n_envs)]
     mode = gym.vector.AutoresetMode.SAME_STEP
     if use_async_envs and n_envs > 1:
-        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="forkserver")
+        env = gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="forkserver")
+        # A failed env.call (an attribute a sub-env lacks) shuts an async worker down: the task
+        # attribute is looked up once, on an env of this process.
+        env.task_attribute = _task_attribute(fns[0])
+        return env
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+
+
+def _task_attribute(make_one) -> str | None:
+    """Which attribute holds the task string: task_description, else task, else none."""
+    probe = make_one()
+    try:
+        for name in TASK_ATTRIBUTES:
+            try:
+                probe.get_wrapper_attr(name)
+                return name
+            except AttributeError:
+                continue
+        return None
+    finally:
+        probe.close()
 
 
 def auto_batch_size(n_episodes: int) -> int:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lerobot_pipe.envs.factory import preprocess_observation
+from lerobot_pipe.envs.factory import TASK_ATTRIBUTES, preprocess_observation
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,10 @@ class EpisodeResult:
 
 
 def _task_strings(env) -> list[str]:
-    for name in ("task_description", "task"):
+    if hasattr(env, "task_attribute"):  # probed by make_env (an AsyncVectorEnv)
+        name = env.task_attribute
+        return list(env.call(name)) if name else [""] * env.num_envs
+    for name in TASK_ATTRIBUTES:
         try:
             return list(env.call(name))
         except (AttributeError, NotImplementedError):
