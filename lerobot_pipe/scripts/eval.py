@@ -3,7 +3,7 @@ rollout semantics and ``eval_info.json``.
 
     lerobot-eval --policy.path=outputs/train/act/checkpoints/last/pretrained_model \\
         --env.type=pusht --eval.n_episodes=10 --eval.batch_size=2
-    lerobot-eval --policy.path=me/act_synthetic --env.type=synthetic --env.cameras='[top]'
+    lerobot-eval --policy.path=me/act_synthetic --env.type=synthetic --env.cameras='["top"]'
 
 ``--policy.path``: a pretrained-model folder, a checkpoint step folder (or ``last``), an EMA
 policy folder (``<step>/pretrained_model_ema``), a LoRA adapter folder, or a Hub repo id. The
