@@ -3,27 +3,34 @@ pass or install, no eval_info.json written."""
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import pytest
 
 from lerobot_pipe.scripts.eval import main
 
 CASES = [
-    ("no-env", [], "--env.type is required; choose one of: aloha, pusht, synthetic"),
-    ("unknown-env", ["--env.type=xarm"], "--env.type='xarm': unknown env type"),
-    ("unknown-env-field", ["--env.type=pusht", "--env.episode_lenght=5"], "episode_lenght"),
-    ("env-field-before-type", ["--env.episode_length=5"], "pass --env.type first"),
-    ("no-policy", ["--env.type=synthetic", "--policy.path=null"], "--policy.path is required"),
-    ("missing-policy", ["--env.type=synthetic", "--policy.path={tmp}/nope"], "not a Hub repo id"),
-    ("bad-episodes", ["--env.type=synthetic", "--eval.n_episodes=0"], "--eval.n_episodes=0"),
+    ("eval-no-env", [], "--env.type is required; choose one of: aloha, pusht, synthetic"),
+    ("eval-unknown-env", ["--env.type=xarm"], "--env.type='xarm': unknown env type"),
+    ("eval-unknown-env-field", ["--env.type=pusht", "--env.episode_lenght=5"], "episode_lenght"),
+    ("eval-env-field-before-type", ["--env.episode_length=5"], "pass --env.type first"),
+    ("eval-no-policy", ["--env.type=synthetic", "--policy.path=null"], "--policy.path is required"),
     (
-        "env-state-missing",
+        "eval-missing-policy",
+        ["--env.type=synthetic", "--policy.path={tmp}/nope"],
+        "not a Hub repo id",
+    ),
+    ("eval-policy-field", ["--env.type=synthetic", "--policy.n_heads=4"], "--policy.n_heads"),
+    ("eval-bad-episodes", ["--env.type=synthetic", "--eval.n_episodes=0"], "--eval.n_episodes=0"),
+    (
+        "eval-env-state-missing",
         ["--env.type=synthetic", "--env.pixels_only=true", '--env.cameras=["top"]'],
         "observation.environment_state [2] is not delivered",
     ),
     (
-        "renamed-away",
+        "eval-renamed-away",
         ["--env.type=synthetic", '--rename_map={"observation.state": "observation.joints"}'],
         "observation.state [2] is not delivered",
     ),
@@ -77,3 +84,10 @@ def test_help_lists_the_env_types(capsys):
     text = capsys.readouterr().out
     for flag in ("--policy.path", "--eval.batch_size", "--env.type", "--rename_map", "pusht"):
         assert flag in text
+
+
+def test_every_case_is_in_the_docs():
+    doc = (Path(__file__).resolve().parents[2] / "docs/bad-inputs.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", doc, flags=re.M))
+    ids = {c[0] for c in CASES} | {"eval-no-simulator", "eval-no-gymnasium", "eval-pusht-misfit"}
+    assert ids <= documented, sorted(ids - documented)

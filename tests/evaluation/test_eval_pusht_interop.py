@@ -152,7 +152,12 @@ def evaluations(upstream_sim, tmp_path_factory):
     return {case: (theirs[case[:2]], ours[case]) for case in CASES}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[_case_name(*c) for c in CASES])
+# The cases' ids, written out for docs/compatibility.md's check.
+CASE_IDS = ["ours_b1", "ours_b2", "ours_b2_async", "lerobot_b1", "lerobot_b2", "lerobot_b2_async"]
+assert CASE_IDS == [_case_name(*c) for c in CASES]
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_same_episodes_as_lerobot_eval(evaluations, case):
     theirs, ours = evaluations[case]
     le, our = theirs["per_task"][0]["metrics"], ours["per_task"][0]["metrics"]
@@ -162,6 +167,12 @@ def test_same_episodes_as_lerobot_eval(evaluations, case):
     assert our["seeds"] == [1000 + i for i in range(EPISODES)]
     assert ours["overall"]["n_episodes"] == theirs["overall"]["n_episodes"] == EPISODES
     assert ours["overall"]["pc_success"] == theirs["overall"]["pc_success"]
+    # Videos of the evaluated episodes only; LeRobot also renders the padding of a last partial
+    # batch (3 episodes in batches of 2: 4 videos).
+    batch = case[1]
+    assert len(our["video_paths"]) == EPISODES
+    assert len(le["video_paths"]) == -(-EPISODES // batch) * batch
+    assert all(Path(v).stat().st_size > 0 for v in our["video_paths"])
 
 
 def test_rollouts_are_not_trivial(evaluations):
