@@ -154,7 +154,7 @@ def evaluations(upstream_sim, tmp_path_factory):
 
 # The cases' ids, written out for docs/compatibility.md's check.
 CASE_IDS = ["ours_b1", "ours_b2", "ours_b2_async", "lerobot_b1", "lerobot_b2", "lerobot_b2_async"]
-assert CASE_IDS == [_case_name(*c) for c in CASES]
+assert [_case_name(*c) for c in CASES] == CASE_IDS
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
