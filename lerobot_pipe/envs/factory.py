@@ -24,7 +24,6 @@ import torch
 from lerobot_pipe.configs.types import ACTION, OBS_ENV_STATE, OBS_STATE
 from lerobot_pipe.envs.configs import OBS_IMAGE, OBS_IMAGES, EnvConfig
 
-
 TASK_ATTRIBUTES = ("task_description", "task")
 
 

@@ -5,8 +5,10 @@ The same dynamics as the dataset: the agent moves to the position it is commande
 absolute, as the dataset's), its observations are the dataset's (``agent_pos`` ->
 observation.state, ``environment_state`` = the goal -> observation.environment_state, unless
 ``pixels_only``) and its cameras are rendered by the dataset's own ``render`` (``pixels/<view>``
--> observation.images.<view>). Stepping a dataset episode's actions from its start and goal
-(``reset(options={"start": ..., "goal": ...})``) reproduces its states and frames exactly.
+-> observation.images.<view>). Each dataset episode is the scripted expert's rollout from the
+start and goal its own stream draws (``datasets.synthetic.episode_rng``): ``reset(options=
+{"dataset_episode": [seed, episode]})`` starts that episode here, and stepping its actions
+reproduces its states and frames bit for bit (``options={"start": ..., "goal": ...}`` sets any).
 
 Reward: minus the distance to the goal. Success, which ends the episode (terminated): the agent
 within ``success_distance`` (default 0.1: ten times the dataset's action noise, 0.01 a step and
@@ -15,8 +17,8 @@ an axis, and one step of the expert at 10 fps) of the goal. Episodes are truncat
 10 fps across the [-1, 1]^2 workspace).
 
 Seeds: ``reset(seed=s)`` draws start and goal from ``numpy.random.default_rng([s, EVAL_STREAM])``,
-a stream no dataset uses (a dataset of seed s draws from ``default_rng(s)``), so evaluation
-episodes are never training episodes.
+a stream no dataset uses (episode e of a dataset of seed s draws from ``[s, e, DATASET_STREAM]``),
+so evaluation episodes are never training episodes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from lerobot_pipe.datasets.synthetic import TASK, VIEWS, expert_move, render
+from lerobot_pipe.datasets.synthetic import (
+    TASK,
+    VIEWS,
+    draw_start_goal,
+    episode_rng,
+    expert_move,
+    render,
+)
 
 GYM_ID = "lerobot_pipe/Reach-v0"
 # The second word of every evaluation episode's seed sequence ([seed, EVAL_STREAM]).
@@ -98,13 +107,15 @@ class SyntheticReachEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        if seed is not None:
-            self._rng = np.random.default_rng([seed, EVAL_STREAM])
-        elif self._rng is None:
-            self._rng = np.random.default_rng()
-        start = self._rng.uniform(-1.0, 1.0, size=2)
-        goal = self._rng.uniform(-1.0, 1.0, size=2)
         options = options or {}
+        if "dataset_episode" in options:  # [seed, episode] of a synthetic dataset
+            start, goal = draw_start_goal(episode_rng(*options["dataset_episode"]))
+        else:
+            if seed is not None:
+                self._rng = np.random.default_rng([seed, EVAL_STREAM])
+            elif self._rng is None:
+                self._rng = np.random.default_rng()
+            start, goal = draw_start_goal(self._rng)
         if "start" in options:
             start = np.asarray(options["start"], dtype=np.float64).reshape(2)
         if "goal" in options:

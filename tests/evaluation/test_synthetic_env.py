@@ -24,15 +24,16 @@ def _identity(x):
 
 
 def test_stepping_a_dataset_episode_reproduces_its_states_and_frames():
-    """From an episode's start and goal, the dataset's actions give back its observation.state,
-    observation.environment_state and both cameras' frames, bit for bit."""
+    """Episode e of the dataset of seed 7 starts here from reset(options={"dataset_episode":
+    [7, e]}); its actions give back its observation.state, observation.environment_state and
+    both cameras' frames, bit for bit."""
     episodes, length, size = 3, 40, 32
     columns, goals = _rollout(episodes, length, 10, seed=7)
     env = SyntheticReachEnv(cameras=["top", "wrist"], image_size=size)
     for e in range(episodes):
         rows = slice(e * length, (e + 1) * length)
         states, actions = columns["observation.state"][rows], columns["action"][rows]
-        obs, _ = env.reset(options={"start": states[0], "goal": goals[e]})
+        obs, _ = env.reset(options={"dataset_episode": [7, e]})
         for t in range(length):
             assert obs["agent_pos"].tobytes() == states[t].tobytes(), (e, t)
             env_state = columns["observation.environment_state"][rows][t]
@@ -54,13 +55,15 @@ def test_reward_success_and_termination():
 
 
 def test_evaluation_seeds_are_not_the_datasets():
-    """reset(seed=s) draws from [s, EVAL_STREAM]: no evaluation start is a dataset start (of the
-    same seeds), and one seed gives one episode in any process."""
+    """reset(seed=s) draws from [s, EVAL_STREAM], a dataset's episode e from [seed, e,
+    DATASET_STREAM]: no evaluation start is a dataset start, and one seed gives one episode in
+    any process."""
     env, other = SyntheticReachEnv(), SyntheticReachEnv()
-    for seed in range(20):
-        columns, _ = _rollout(1, 1, 10, seed)
+    columns, _ = _rollout(50, 1, 10, seed=0)
+    dataset_starts = columns["observation.state"]
+    for seed in [*range(50), *range(1000, 1050)]:
         start = env.reset(seed=seed)[0]["agent_pos"]
-        assert not np.allclose(start, columns["observation.state"][0], atol=1e-3)
+        assert np.abs(dataset_starts - start).max(axis=1).min() > 1e-6, seed
         assert other.reset(seed=seed)[0]["agent_pos"].tobytes() == start.tobytes()
 
 
