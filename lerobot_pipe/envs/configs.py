@@ -133,7 +133,8 @@ class AlohaEnv(EnvConfig):
 
     package_name: ClassVar[str] = "gym_aloha"
     install_hint: ClassVar[str] = (
-        "pip install 'gym-aloha>=0.1.4,<0.2' (MuJoCo; set MUJOCO_GL=egl on a machine without a display)"
+        "pip install 'lerobot_pipe[aloha]' (gym-aloha>=0.1.4,<0.2, MuJoCo; set MUJOCO_GL=egl on a "
+        "machine without a display)"
     )
 
     @property
