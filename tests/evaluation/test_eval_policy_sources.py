@@ -52,6 +52,21 @@ def test_checkpoint_step_folder(untrained_policy, local, tmp_path):
     assert _episodes(_evaluate(step, tmp_path / "eval")) == _episodes(local)
 
 
+def test_ema_policy_folder(tmp_path):
+    """A checkpoint's EMA policy, pretrained_model_ema/, is a policy folder like any other."""
+    from tiny import tiny_act_flags
+
+    from lerobot_pipe.datasets import write_synthetic_dataset
+
+    dataset = write_synthetic_dataset(tmp_path / "ds", num_episodes=4, episode_length=20)
+    flags = {"dataset.root": dataset, "batch_size": 4, "steps": 1, "save_freq": 1}
+    out = tmp_path / "train"
+    run_train([*tiny_act_flags(**flags), "--ema.enable=true", f"--output_dir={out}"])
+    ema = out / "checkpoints" / "000001" / "pretrained_model_ema"
+    metrics = _evaluate(ema, tmp_path / "eval")
+    assert metrics["seeds"] == list(range(1000, 1000 + EPISODES))
+
+
 def test_lora_adapter_folder(untrained_policy, tmp_path):
     """A LoRA run over the policy (its adapter folder names the base): evaluated merged."""
     from lerobot_pipe.datasets import write_synthetic_dataset

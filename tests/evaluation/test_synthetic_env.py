@@ -83,6 +83,7 @@ def test_declared_features_are_delivered():
     assert declared["pixels/top"] == [48, 48, 3] and declared["agent_pos"] == [2]
 
 
+# (AsyncVectorEnv: evaluation/test_eval_pusht_interop.py; its workers take ~20 s to start here.)
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_scripted_expert_scores_100_percent(batch_size):
     """The expert (noise-free) reaches every goal within the default 50 steps (at most 29 are
