@@ -121,6 +121,7 @@ def test_untrained_policy_scores_clearly_less(untrained_policy, tmp_path):
     assert main(argv) == 0
     info = json.loads((out / "eval_info.json").read_text())
     assert info["overall"]["n_episodes"] == 6
+    print(f"untrained ACT: {info['overall']['pc_success']} % success (the expert: 100 %)")
     assert info["overall"]["pc_success"] <= 50.0, info["overall"]
     metrics = info["per_task"][0]["metrics"]
     assert metrics["seeds"] == list(range(1000, 1006))
