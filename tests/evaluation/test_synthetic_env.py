@@ -129,3 +129,19 @@ def test_untrained_policy_scores_clearly_less(untrained_policy, tmp_path):
     assert [v.name for v in videos] == [f"eval_episode_{i}.mp4" for i in range(6)]
     assert metrics["video_paths"] == [str(v) for v in videos]
     assert all(v.stat().st_size > 0 for v in videos)
+
+
+def test_eval_videos_are_h264_as_lerobots(tmp_path):
+    """PyAV's wheels here carry libx264 (LeRobot's codec); mpeg4 is the documented fallback."""
+    import av
+
+    from lerobot_pipe.evaluation.video import video_codec, write_video
+
+    assert video_codec() == "libx264"
+    frames = np.stack([render("top", np.zeros((1, 2)), np.ones((1, 2)) * 0.5, 33)[0]] * 4)
+    path = tmp_path / "v.mp4"
+    write_video(path, frames, 10)
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        assert (stream.codec_context.name, stream.width, stream.height) == ("h264", 32, 32)
+        assert stream.codec_context.pix_fmt == "yuv420p"
