@@ -91,3 +91,16 @@ def test_every_case_is_in_the_docs():
     documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", doc, flags=re.M))
     ids = {c[0] for c in CASES} | {"eval-no-simulator", "eval-no-gymnasium", "eval-pusht-misfit"}
     assert ids <= documented, sorted(ids - documented)
+
+
+@pytest.mark.parametrize(
+    ("cores", "episodes", "expected"), [(2, 50, 1), (16, 50, 11), (16, 4, 4), (128, 500, 64)]
+)
+def test_auto_batch_size_is_lerobots_rule(monkeypatch, cores, episodes, expected):
+    """--eval.batch_size=0: 70 % of the cores (at least 1), at most n_episodes and 64."""
+    import os
+
+    from lerobot_pipe.envs.factory import auto_batch_size
+
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    assert auto_batch_size(episodes) == expected
