@@ -27,7 +27,10 @@ from lerobot_pipe.datasets.lerobot_dataset import DatasetError
 from lerobot_pipe.datasets.writer import DatasetWriter, camera_feature
 
 # Bump when the generated content changes, so older copies on disk are not reused.
-GENERATOR_VERSION = 2
+# 3: each episode drawn from its own stream (episode_rng), as the environment's reset draws it.
+GENERATOR_VERSION = 3
+# The last word of every dataset episode's seed sequence ([seed, episode, DATASET_STREAM]).
+DATASET_STREAM = 0xDA7A5E7
 ROBOT_TYPE = "synthetic_point2d"
 TASK = "Move the point to the goal."
 # With num_tasks > 1, episode e is given TASKS[e % num_tasks] (TASKS[0] is TASK).
@@ -57,24 +60,55 @@ STATE_FEATURES: dict[str, dict[str, Any]] = {
 }
 
 
+def expert_move(position: np.ndarray, goal: np.ndarray, fps: int) -> np.ndarray:
+    """The scripted expert's move ``(n, 2)`` from ``position`` towards ``goal`` (both ``(n, 2)``):
+    straight at it, at most ``MAX_SPEED / fps`` long. Its command is ``position + move`` (plus
+    noise in the dataset); the agent then is where it was commanded to be. The synthetic
+    environment (lerobot_pipe.envs.synthetic) steps the same dynamics."""
+    to_goal = goal - position
+    distance = np.linalg.norm(to_goal, axis=1, keepdims=True)
+    return to_goal * np.minimum(1.0, (MAX_SPEED / fps) / np.maximum(distance, 1e-12))
+
+
+def episode_rng(seed: int, episode: int) -> np.random.Generator:
+    """The random stream of episode ``episode`` of the dataset of ``seed``: its start, goal and
+    action noise, independent of how many episodes the dataset has. The synthetic environment's
+    ``reset(options={"dataset_episode": [seed, episode]})`` draws the same start and goal; its
+    ``reset(seed=s)`` draws from another stream (``[s, EVAL_STREAM]``)."""
+    return np.random.default_rng([seed, episode, DATASET_STREAM])
+
+
+def draw_start_goal(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """An episode's start and goal, uniform in [-1, 1]^2 (the dataset's and the environment's)."""
+    start = rng.uniform(-1.0, 1.0, size=2)
+    goal = rng.uniform(-1.0, 1.0, size=2)
+    return start, goal
+
+
 def _rollout(
     num_episodes: int, episode_length: int, fps: int, seed: int
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Columns of every frame, episode-major, vector features of shape (N, 2); and the goals."""
-    rng = np.random.default_rng(seed)
-    starts = rng.uniform(-1.0, 1.0, size=(num_episodes, 2))
-    goals = rng.uniform(-1.0, 1.0, size=(num_episodes, 2))
-    innovations = rng.normal(
-        0.0, NOISE_STD * np.sqrt(1 - NOISE_CORRELATION**2), size=(episode_length, num_episodes, 2)
-    )
-    step = MAX_SPEED / fps
+    """Columns of every frame, episode-major, vector features of shape (N, 2); and the goals.
+
+    Episode e is the scripted expert's rollout from ``episode_rng(seed, e)``'s start and goal,
+    with that stream's noise: the synthetic environment's dynamics, stepped for every episode
+    at once."""
+    starts, goals, innovations = [], [], []
+    for e in range(num_episodes):
+        rng = episode_rng(seed, e)
+        start, goal = draw_start_goal(rng)
+        starts.append(start)
+        goals.append(goal)
+        innovations.append(
+            rng.normal(0.0, NOISE_STD * np.sqrt(1 - NOISE_CORRELATION**2), size=(episode_length, 2))
+        )
+    starts, goals = np.stack(starts), np.stack(goals)
+    innovations = np.stack(innovations, axis=1)  # (episode_length, num_episodes, 2)
     states = np.empty((episode_length, num_episodes, 2))
     actions = np.empty((episode_length, num_episodes, 2))
     position, noise = starts, np.zeros((num_episodes, 2))
     for t in range(episode_length):
-        to_goal = goals - position
-        distance = np.linalg.norm(to_goal, axis=1, keepdims=True)
-        move = to_goal * np.minimum(1.0, step / np.maximum(distance, 1e-12))
+        move = expert_move(position, goals, fps)
         noise = NOISE_CORRELATION * noise + innovations[t]
         states[t] = position
         actions[t] = position + move + noise
