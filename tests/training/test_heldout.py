@@ -1,0 +1,240 @@
+"""The held-out loss (``--dataset.eval_split``, ``--eval_steps``, ``--max_eval_samples``): LeRobot
+0.6.1's split on a dataset of several tasks, the training sampler kept off the held-out episodes,
+and the figure the same on 1 and 2 ranks (DDP, FSDP2) and equal to a direct computation, per
+sample, over the held-out frames of the saved checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from launch import run_distributed
+from multitask import LENGTHS, write_multitask
+from tiny import (
+    DETERMINISTIC,
+    eval_losses,
+    losses,
+    run_train,
+    tiny_act_flags,
+    tiny_diffusion_flags,
+)
+
+from lerobot_pipe import constants as C
+from lerobot_pipe.datasets import LeRobotDataset
+from lerobot_pipe.training.heldout import (
+    cap_samples,
+    heldout_keys,
+    heldout_loss,
+    num_forward_calls,
+    plan_split,
+    rank_share,
+)
+
+SPLIT = 0.3
+# LeRobot 0.6.1's make_train_eval_datasets on this dataset (interop/test_heldout_interop.py
+# checks these against it): groups a [0 2 3 6 8], b [1 4 7], c [5]; ceil(n x 0.3) = 2, 1, 1.
+TRAIN, HELD_OUT = (0, 2, 3, 1, 4), (6, 8, 7, 5)
+N_HELD_OUT = sum(LENGTHS[e] for e in HELD_OUT)  # 75: shares of 38 and 37 on 2 ranks
+
+
+@pytest.fixture(scope="module")
+def multitask_root(tmp_path_factory):
+    return write_multitask(tmp_path_factory.mktemp("data") / "multitask")
+
+
+def test_split_groups_episodes_by_first_task(multitask_root):
+    dataset = LeRobotDataset(multitask_root)
+    split = plan_split(dataset, SPLIT)
+    assert (split.train_episodes, split.eval_episodes, split.num_tasks) == (TRAIN, HELD_OUT, 3)
+    # Every frame of the held-out episodes, in index order (LeRobot's filtered dataset).
+    episode = dataset.episode_index
+    assert np.array_equal(split.rows, np.flatnonzero(np.isin(episode, HELD_OUT)))
+    assert split.num_samples == N_HELD_OUT
+    # --dataset.episodes: groups and "last" follow the order given.
+    subset = LeRobotDataset(multitask_root, episodes=[8, 1, 5, 0, 3, 7])
+    split = plan_split(subset, SPLIT)
+    assert (split.train_episodes, split.eval_episodes) == ((8, 0, 1), (3, 7, 5))
+    assert plan_split(dataset, 0.0) is None
+
+
+def test_max_eval_samples_takes_each_tasks_first_frames(multitask_root):
+    """LeRobot 0.6.1's lerobot_train.py rule (read in its source): per task of the held-out
+    frames (task_index ascending), its first max(1, cap // n_tasks) frames."""
+    dataset = LeRobotDataset(multitask_root)
+    split = plan_split(dataset, SPLIT, max_eval_samples=7)
+    full = plan_split(dataset, SPLIT).rows
+    tasks = dataset.task_index[full]
+    expected = np.concatenate([full[tasks == t][:2] for t in (0, 1, 2)])  # 7 // 3 = 2 each
+    assert np.array_equal(split.rows, expected)
+    assert len(cap_samples(full, tasks, 2)) == 3  # max(1, 2 // 3) = 1 of each task
+
+
+def test_every_sample_in_exactly_one_rank_share():
+    rows = np.arange(N_HELD_OUT)
+    for world in (1, 2, 3):
+        shares = [rank_share(rows, r, world) for r in range(world)]
+        assert np.array_equal(np.concatenate(shares), rows)
+        assert num_forward_calls(N_HELD_OUT, 4, world) * 4 >= max(map(len, shares))
+    assert num_forward_calls(75, 4, 2) == 10 and num_forward_calls(1, 8, 2) == 1
+
+
+def _plan(root, out, extra, policy="act"):
+    from lerobot_pipe.training.preflight import make_plan
+
+    make_flags = tiny_act_flags if policy == "act" else tiny_diffusion_flags
+    return make_plan(make_flags(**{"dataset.root": root, "output_dir": out, **extra}), 1, {})
+
+
+@pytest.mark.parametrize("policy", ["act", "diffusion"])
+def test_the_training_sampler_never_draws_a_held_out_frame(multitask_root, tmp_path, policy):
+    from lerobot_pipe.training.preflight import sample_indices
+
+    plan = _plan(multitask_root, tmp_path / "out", {"dataset.eval_split": SPLIT}, policy)
+    drawn = sample_indices(plan.cfg.policy, plan.dataset, plan.heldout)
+    episode = plan.dataset.episode_index
+    assert set(np.unique(episode[drawn])) == set(TRAIN)
+    if policy == "act":  # every training frame
+        assert len(drawn) == np.isin(episode, TRAIN).sum()
+
+
+# --- the trainer: one process, DDP and FSDP2 on 2 processes -----------------------------------
+
+STEPS, EVAL_STEPS = 4, 2
+
+
+@pytest.fixture(scope="module")
+def runs(multitask_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("heldout_runs")
+    flags = tiny_act_flags(
+        **DETERMINISTIC,
+        **{
+            "dataset.root": multitask_root,
+            "steps": STEPS,
+            "save_freq": 0,
+            "log_freq": 1,
+            "dataset.eval_split": SPLIT,
+            "eval_steps": EVAL_STEPS,
+        },
+    )
+    run_train([*flags, "--batch_size=8", f"--output_dir={out / 'single'}"])
+    run_distributed(run_train, 2, [*flags, "--batch_size=4", f"--output_dir={out / 'ddp'}"])
+    run_distributed(
+        run_train,
+        2,
+        [
+            *flags,
+            "--batch_size=4",
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=safetensors_dcp",
+            f"--output_dir={out / 'fsdp'}",
+        ],
+    )
+    return {name: out / name for name in ("single", "ddp", "fsdp")}
+
+
+def test_eval_loss_is_logged_at_each_eval_step(runs):
+    records = [json.loads(x) for x in (runs["single"] / C.METRICS_LOG).read_text().splitlines()]
+    held_out = [r for r in records if "eval_loss" in r]
+    assert [r["step"] for r in held_out] == list(range(EVAL_STEPS, STEPS + 1, EVAL_STEPS))
+    assert all(r["eval_samples"] == N_HELD_OUT for r in held_out)
+    assert set(losses(runs["single"])) == set(range(1, STEPS + 1))  # the training curve intact
+
+
+@pytest.mark.parametrize("topology", ["ddp", "fsdp"])
+def test_eval_loss_is_the_same_on_two_ranks(runs, topology):
+    single, two = eval_losses(runs["single"]), eval_losses(runs[topology])
+    assert single.keys() == two.keys() == {2, 4}
+    for step in single:
+        assert two[step] == pytest.approx(single[step], rel=1e-6), step
+    assert single[4] < single[2]  # it learns
+
+
+@pytest.mark.parametrize("topology", ["single", "fsdp"])
+def test_eval_loss_equals_the_per_sample_mean_of_the_checkpoint(runs, multitask_root, topology):
+    """Load the last checkpoint's weights and run the policy on each held-out frame alone (a
+    batch of one: the policy's own mean loss is that sample's loss)."""
+    from lerobot_pipe.policies.factory import get_policy_class
+    from lerobot_pipe.processors import make_pre_post_processors
+    from lerobot_pipe.training.preflight import _delta_timestamps
+
+    pretrained = runs[topology] / C.CHECKPOINTS_DIR / f"{STEPS:06d}" / C.PRETRAINED_MODEL_DIR
+    policy = get_policy_class("act").from_pretrained(pretrained)
+    pre, _ = make_pre_post_processors(policy.config, pretrained_path=pretrained)
+    dataset = LeRobotDataset(
+        multitask_root, delta_timestamps=_delta_timestamps(policy.config, multitask_root)
+    )
+    rows = np.flatnonzero(np.isin(dataset.episode_index, HELD_OUT))
+    policy.eval()
+    with torch.no_grad():
+        per_sample = [policy(pre(dataset.get_batch([row])))[0].item() for row in rows]
+    direct = float(np.mean(per_sample))
+    assert eval_losses(runs[topology])[STEPS] == pytest.approx(direct, rel=1e-6)
+
+
+# --- Diffusion Policy: keyed noise ------------------------------------------------------------
+
+
+def _diffusion_session(root, out):
+    from lerobot_pipe.policies.factory import make_policy
+    from lerobot_pipe.training.train import make_processors, seed_everything
+
+    plan = _plan(root, out, {"dataset.eval_split": SPLIT}, "diffusion")
+    seed_everything(0)
+    policy = make_policy(plan.cfg.policy, plan.dataset.features, pretrained_parts=False)
+    pre, _ = make_processors(plan, "cpu")
+    return plan, policy, pre
+
+
+def _diffusion_loss(root, out, batch_size):
+    import os
+
+    plan, policy, pre = _diffusion_session(root, out)
+    return heldout_loss(
+        policy,
+        pre,
+        plan.dataset,
+        plan.heldout,
+        batch_size=batch_size,
+        seed=plan.cfg.seed,
+        rank=int(os.environ.get("RANK", "0")),
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        device=torch.device("cpu"),
+    )
+
+
+def _on_ranks(root, out, batch_size):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        return _diffusion_loss(root, out, batch_size)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_diffusion_held_out_loss_is_keyed(multitask_root, tmp_path):
+    """The held-out frames draw their noise and diffusion step from fixed keys: the figure is
+    the same at every evaluation, for any batch size and world size, and equals the per-sample
+    losses computed one frame at a time with those keys."""
+    plan, policy, pre = _diffusion_session(multitask_root, tmp_path / "out")
+    common = dict(seed=plan.cfg.seed, rank=0, world_size=1, device=torch.device("cpu"))
+    first = heldout_loss(policy, pre, plan.dataset, plan.heldout, batch_size=8, **common)
+    again = heldout_loss(policy, pre, plan.dataset, plan.heldout, batch_size=8, **common)
+    other_batch = heldout_loss(policy, pre, plan.dataset, plan.heldout, batch_size=5, **common)
+    assert policy.training  # restored
+    assert first == again
+    assert other_batch == pytest.approx(first, rel=1e-6)
+
+    policy.eval()
+    per_sample = []
+    with torch.no_grad():
+        for row in plan.heldout.rows:
+            batch = plan.dataset.get_batch([row])
+            batch[C.SAMPLE_KEY] = torch.from_numpy(heldout_keys(plan.cfg.seed, np.array([row])))
+            per_sample.append(policy(pre(batch))[0].item())
+    assert first == pytest.approx(float(np.mean(per_sample)), rel=1e-6)
+
+    on_two = run_distributed(_on_ranks, 2, multitask_root, tmp_path / "out2", 8)
+    assert on_two[0] == on_two[1] == pytest.approx(first, rel=1e-6)
