@@ -54,6 +54,7 @@ class HeldOutSplit:
     train_episodes: tuple[int, ...]
     eval_episodes: tuple[int, ...]
     num_tasks: int
+    num_held_out_frames: int  # every frame of the held-out episodes
     rows: np.ndarray = dataclasses.field(repr=False)  # dataset row positions evaluated
 
     @property
@@ -125,8 +126,8 @@ def plan_split(
         episodes, episode_first_tasks(dataset.root, episodes), eval_split
     )
     rows = np.flatnonzero(np.isin(episode_index, held_out))
-    rows = cap_samples(rows, dataset.task_index[rows], max_eval_samples)
-    return HeldOutSplit(tuple(train), tuple(held_out), num_tasks, rows)
+    capped = cap_samples(rows, dataset.task_index[rows], max_eval_samples)
+    return HeldOutSplit(tuple(train), tuple(held_out), num_tasks, len(rows), capped)
 
 
 def train_episode_mask(dataset: LeRobotDataset, split: HeldOutSplit | None) -> np.ndarray | None:

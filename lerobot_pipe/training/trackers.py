@@ -284,6 +284,8 @@ class MetricsLog:
             )
 
     def log(self, record: dict, mode: str = "train") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not self.enabled:
             return
         with self.path.open("a") as f:

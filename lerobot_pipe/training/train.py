@@ -571,6 +571,11 @@ def open_metrics(plan: TrainingPlan, env: DistEnv) -> MetricsLog:
     """Collective: the trackers, opened on the main rank (W&B starts its run there); when that
     fails (a login the server refuses, ...) every rank stops with its message."""
     opened: list[MetricsLog] = []
+    # W&B's episodes and epochs count the training episodes (LeRobot's train dataset).
+    num_frames, num_episodes = len(plan.dataset), plan.dataset.num_episodes
+    if plan.heldout is not None:
+        num_frames -= plan.heldout.num_held_out_frames
+        num_episodes = len(plan.heldout.train_episodes)
 
     def _open() -> None:
         opened.append(
@@ -578,8 +583,8 @@ def open_metrics(plan: TrainingPlan, env: DistEnv) -> MetricsLog:
                 plan.cfg,
                 start_step=plan.start_step,
                 is_main=True,
-                num_frames=len(plan.dataset),
-                num_episodes=plan.dataset.num_episodes,
+                num_frames=num_frames,
+                num_episodes=num_episodes,
                 resumed_from=plan.resume_from,
             )
         )
