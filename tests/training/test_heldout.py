@@ -6,6 +6,7 @@ sample, over the held-out frames of the saved checkpoint."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,6 +143,37 @@ def test_eval_loss_is_logged_at_each_eval_step(runs):
     assert set(losses(runs["single"])) == set(range(1, STEPS + 1))  # the training curve intact
 
 
+def test_the_progress_line_shows_the_held_out_loss(runs):
+    from lerobot_pipe.training.progress import events_path, render_progress
+
+    events = [json.loads(x) for x in events_path(runs["single"]).read_text().splitlines()]
+    last = [e for e in events if e["event"] == "progress"][-1]
+    eval_loss = eval_losses(runs["single"])[STEPS]
+    assert last["step"] == STEPS and last["eval_loss"] == eval_loss
+    assert f" eval_loss {eval_loss:.4f} " in render_progress(last)
+
+
+def test_the_report_plots_the_held_out_curve(runs, tmp_path):
+    """workflow/scripts/plot_training.py as Snakemake runs it: both curves in the loss figure,
+    the training curve still from every step."""
+    import runpy
+    from types import SimpleNamespace
+
+    import matplotlib
+
+    out = SimpleNamespace(loss=str(tmp_path / "loss.svg"), throughput=str(tmp_path / "tp.svg"))
+    snakemake = SimpleNamespace(
+        params=SimpleNamespace(metrics=str(runs["single"] / C.METRICS_LOG), run="r"),
+        output=out,
+        log=[str(tmp_path / "plot.log")],
+    )
+    script = Path(__file__).parents[2] / "workflow/scripts/plot_training.py"
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text, to read it back
+        runpy.run_path(str(script), init_globals={"snakemake": snakemake})
+    svg = Path(out.loss).read_text()
+    assert "held-out loss (eval_loss)" in svg and "training loss" in svg
+
+
 @pytest.mark.parametrize("topology", ["ddp", "fsdp"])
 def test_eval_loss_is_the_same_on_two_ranks(runs, topology):
     single, two = eval_losses(runs["single"]), eval_losses(runs[topology])
@@ -156,7 +188,7 @@ def test_eval_loss_equals_the_per_sample_mean_of_the_checkpoint(runs, multitask_
     """Load the last checkpoint's weights and run the policy on each held-out frame alone (a
     batch of one: the policy's own mean loss is that sample's loss)."""
     from lerobot_pipe.policies.factory import get_policy_class
-    from lerobot_pipe.processors import make_pre_post_processors
+    from lerobot_pipe.processors import NormalizerProcessorStep, make_pre_post_processors
     from lerobot_pipe.training.preflight import _delta_timestamps
 
     pretrained = runs[topology] / C.CHECKPOINTS_DIR / f"{STEPS:06d}" / C.PRETRAINED_MODEL_DIR
@@ -166,6 +198,9 @@ def test_eval_loss_equals_the_per_sample_mean_of_the_checkpoint(runs, multitask_
         multitask_root, delta_timestamps=_delta_timestamps(policy.config, multitask_root)
     )
     rows = np.flatnonzero(np.isin(dataset.episode_index, HELD_OUT))
+    # Normalized with the whole dataset's statistics (LeRobot's), not the training episodes'.
+    stats = pre.step(NormalizerProcessorStep.registry_name).stats
+    assert np.allclose(np.asarray(stats["action"]["mean"]), dataset.stats["action"]["mean"])
     policy.eval()
     with torch.no_grad():
         per_sample = [policy(pre(dataset.get_batch([row])))[0].item() for row in rows]
