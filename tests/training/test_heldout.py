@@ -105,13 +105,11 @@ def test_the_training_sampler_never_draws_a_held_out_frame(multitask_root, tmp_p
 STEPS, EVAL_STEPS = 4, 2
 
 
-@pytest.fixture(scope="module")
-def runs(multitask_root, tmp_path_factory):
-    out = tmp_path_factory.mktemp("heldout_runs")
-    flags = tiny_act_flags(
+def _run_flags(root):
+    return tiny_act_flags(
         **DETERMINISTIC,
         **{
-            "dataset.root": multitask_root,
+            "dataset.root": root,
             "steps": STEPS,
             "save_freq": 0,
             "log_freq": 1,
@@ -119,6 +117,14 @@ def runs(multitask_root, tmp_path_factory):
             "eval_steps": EVAL_STEPS,
         },
     )
+
+
+@pytest.fixture(scope="module")
+def runs(multitask_root, tmp_path_factory):
+    """The same global batch of 8 on one process, DDP and FSDP2 on 2 (shares of 38 and 37
+    held-out frames, in batches of 4: 10 forward calls each, the last ones short)."""
+    out = tmp_path_factory.mktemp("heldout_runs")
+    flags = _run_flags(multitask_root)
     run_train([*flags, "--batch_size=8", f"--output_dir={out / 'single'}"])
     run_distributed(run_train, 2, [*flags, "--batch_size=4", f"--output_dir={out / 'ddp'}"])
     run_distributed(
@@ -133,6 +139,25 @@ def runs(multitask_root, tmp_path_factory):
         ],
     )
     return {name: out / name for name in ("single", "ddp", "fsdp")}
+
+
+@pytest.fixture(scope="module")
+def hsdp_run(multitask_root, tmp_path_factory):
+    """HSDP on 4 processes (2 replicas of 2 shards), batches of 2: shares of 19 and 18."""
+    out = tmp_path_factory.mktemp("heldout_hsdp") / "hsdp"
+    run_distributed(
+        run_train,
+        4,
+        [
+            *_run_flags(multitask_root),
+            "--batch_size=2",
+            "--parallelism.dp_replicate=2",
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=safetensors_dcp",
+            f"--output_dir={out}",
+        ],
+    )
+    return out
 
 
 def test_eval_loss_is_logged_at_each_eval_step(runs):
@@ -174,9 +199,12 @@ def test_the_report_plots_the_held_out_curve(runs, tmp_path):
     assert "held-out loss (eval_loss)" in svg and "training loss" in svg
 
 
-@pytest.mark.parametrize("topology", ["ddp", "fsdp"])
-def test_eval_loss_is_the_same_on_two_ranks(runs, topology):
-    single, two = eval_losses(runs["single"]), eval_losses(runs[topology])
+@pytest.mark.parametrize("topology", ["ddp", "fsdp", "hsdp"])
+def test_eval_loss_is_the_same_on_every_topology(runs, topology, request):
+    """On 2 processes (DDP, FSDP2) and 4 (HSDP) as on one, within 1e-6 (the weights differ
+    by the reduction order of the gradients only)."""
+    other = request.getfixturevalue("hsdp_run") if topology == "hsdp" else runs[topology]
+    single, two = eval_losses(runs["single"]), eval_losses(other)
     assert single.keys() == two.keys() == {2, 4}
     for step in single:
         assert two[step] == pytest.approx(single[step], rel=1e-6), step
@@ -273,3 +301,41 @@ def test_diffusion_held_out_loss_is_keyed(multitask_root, tmp_path):
 
     on_two = run_distributed(_on_ranks, 2, multitask_root, tmp_path / "out2", 8)
     assert on_two[0] == on_two[1] == pytest.approx(first, rel=1e-6)
+
+
+def test_camera_frames_are_evaluated_without_augmentation(diffusion_camera_root, tmp_path):
+    """With --dataset.image_transforms on, the held-out frames still come as recorded (LeRobot's
+    held-out dataset has no transforms): the figure equals the per-sample losses on a dataset
+    opened without them."""
+    from lerobot_pipe.policies.factory import make_policy
+    from lerobot_pipe.training.preflight import _delta_timestamps
+    from lerobot_pipe.training.train import make_processors, seed_everything
+
+    extra = {"dataset.eval_split": 0.2, "dataset.image_transforms.enable": "true"}
+    plan = _plan(diffusion_camera_root, tmp_path / "out", extra, "diffusion")
+    assert plan.dataset.image_transforms.enabled
+    seed_everything(0)
+    policy = make_policy(plan.cfg.policy, plan.dataset.features, pretrained_parts=False)
+    pre, _ = make_processors(plan, "cpu")
+    figure = heldout_loss(
+        policy,
+        pre,
+        plan.dataset,
+        plan.heldout,
+        batch_size=16,
+        seed=plan.cfg.seed,
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+    )
+    plain = LeRobotDataset(
+        diffusion_camera_root,
+        delta_timestamps=_delta_timestamps(plan.cfg.policy, diffusion_camera_root),
+    )
+    rows = plan.heldout.rows
+    batch = plain.get_batch(rows)
+    batch[C.SAMPLE_KEY] = torch.from_numpy(heldout_keys(plan.cfg.seed, rows))
+    policy.eval()
+    with torch.no_grad():
+        direct = policy(pre(batch), per_sample=True)[0].double().mean().item()
+    assert figure == pytest.approx(direct, rel=1e-6)
