@@ -178,8 +178,10 @@ def heldout_loss(
     device: torch.device,
     autocast: contextlib.AbstractContextManager | None = None,
 ) -> float:
-    """The mean per-sample loss over the held-out frames (module docstring). Collective over
-    the default process group when one exists; ``model`` is left in training mode."""
+    """The mean per-sample loss over the held-out frames (module docstring). ``rank`` and
+    ``world_size`` are the data-parallel ones (every process of the run holds a data-parallel
+    rank). Collective over the default process group when one exists; ``model`` is left in
+    training mode."""
     share = rank_share(split.rows, rank, world_size)
     calls = num_forward_calls(split.num_samples, batch_size, world_size)
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, count

@@ -168,6 +168,24 @@ def test_eval_loss_is_logged_at_each_eval_step(runs):
     assert set(losses(runs["single"])) == set(range(1, STEPS + 1))  # the training curve intact
 
 
+def test_evaluating_leaves_training_as_it_was(multitask_root, tmp_path):
+    """With dropout and the VAE on (randomness every step) and the held-out loss at every step,
+    in the middle of a gradient accumulation too: the same training losses, bit for bit, as
+    without it (the evaluation draws nothing from the RNGs and leaves the gradients alone)."""
+    base = {
+        "dataset.root": multitask_root,
+        "steps": 4,
+        "save_freq": 0,
+        "batch_size": 4,
+        "dataset.eval_split": SPLIT,
+        "accelerator.gradient_accumulation.steps": 2,
+    }
+    run_train([*tiny_act_flags(**base), f"--output_dir={tmp_path / 'plain'}"])
+    run_train([*tiny_act_flags(**base, eval_steps=1), f"--output_dir={tmp_path / 'eval'}"])
+    assert losses(tmp_path / "eval") == losses(tmp_path / "plain")
+    assert set(eval_losses(tmp_path / "eval")) == {1, 2, 3, 4}
+
+
 def test_the_progress_line_shows_the_held_out_loss(runs):
     from lerobot_pipe.training.progress import events_path, render_progress
 
