@@ -116,10 +116,8 @@ def banner(
             f"use_for_eval={ema.use_for_eval}"
         )
     if plan.heldout is not None:
-        lines.append(
-            f"{describe_heldout(plan.heldout)}; held-out loss every "
-            f"{cfg.eval_steps or 'never (--eval_steps=0)'} steps"
-        )
+        every = f"every {cfg.eval_steps} steps" if cfg.eval_steps else "never (--eval_steps=0)"
+        lines.append(f"{describe_heldout(plan.heldout)}; held-out loss {every}")
     if plan.resume_from is not None:
         lines.append(f"Resuming from {plan.resume_from} (step {plan.start_step})")
     return "\n".join(lines)
