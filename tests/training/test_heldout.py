@@ -229,20 +229,16 @@ def test_eval_loss_is_the_same_on_every_topology(runs, topology, request):
     assert single[4] < single[2]  # it learns
 
 
-@pytest.mark.parametrize("topology", ["single", "fsdp"])
-def test_eval_loss_equals_the_per_sample_mean_of_the_checkpoint(runs, multitask_root, topology):
-    """Load the last checkpoint's weights and run the policy on each held-out frame alone (a
-    batch of one: the policy's own mean loss is that sample's loss)."""
+def _per_sample_mean(pretrained: Path, root: Path) -> float:
+    """The policy in ``pretrained`` run on each held-out frame alone (a batch of one: the
+    policy's own mean loss is that sample's loss), the mean over the frames."""
     from lerobot_pipe.policies.factory import get_policy_class
     from lerobot_pipe.processors import NormalizerProcessorStep, make_pre_post_processors
     from lerobot_pipe.training.preflight import _delta_timestamps
 
-    pretrained = runs[topology] / C.CHECKPOINTS_DIR / f"{STEPS:06d}" / C.PRETRAINED_MODEL_DIR
     policy = get_policy_class("act").from_pretrained(pretrained)
     pre, _ = make_pre_post_processors(policy.config, pretrained_path=pretrained)
-    dataset = LeRobotDataset(
-        multitask_root, delta_timestamps=_delta_timestamps(policy.config, multitask_root)
-    )
+    dataset = LeRobotDataset(root, delta_timestamps=_delta_timestamps(policy.config, root))
     rows = np.flatnonzero(np.isin(dataset.episode_index, HELD_OUT))
     # Normalized with the whole dataset's statistics (LeRobot's), not the training episodes'.
     stats = pre.step(NormalizerProcessorStep.registry_name).stats
@@ -250,8 +246,31 @@ def test_eval_loss_equals_the_per_sample_mean_of_the_checkpoint(runs, multitask_
     policy.eval()
     with torch.no_grad():
         per_sample = [policy(pre(dataset.get_batch([row])))[0].item() for row in rows]
-    direct = float(np.mean(per_sample))
+    return float(np.mean(per_sample))
+
+
+@pytest.mark.parametrize("topology", ["single", "fsdp"])
+def test_eval_loss_equals_the_per_sample_mean_of_the_checkpoint(runs, multitask_root, topology):
+    pretrained = runs[topology] / C.CHECKPOINTS_DIR / f"{STEPS:06d}" / C.PRETRAINED_MODEL_DIR
+    direct = _per_sample_mean(pretrained, multitask_root)
     assert eval_losses(runs[topology])[STEPS] == pytest.approx(direct, rel=1e-6)
+
+
+def test_the_held_out_loss_is_the_live_weights_not_the_ema(multitask_root, tmp_path):
+    flags = {**DETERMINISTIC, "dataset.root": multitask_root, "steps": 3, "save_freq": 0}
+    run_train(
+        [
+            *tiny_act_flags(**flags, **{"dataset.eval_split": SPLIT, "eval_steps": 3}),
+            "--ema.enable=true",
+            "--ema.decay=0.5",
+            f"--output_dir={tmp_path}",
+        ]
+    )
+    step_dir = tmp_path / C.CHECKPOINTS_DIR / "000003"
+    live = _per_sample_mean(step_dir / C.PRETRAINED_MODEL_DIR, multitask_root)
+    ema = _per_sample_mean(step_dir / C.PRETRAINED_MODEL_EMA_DIR, multitask_root)
+    assert eval_losses(tmp_path)[3] == pytest.approx(live, rel=1e-6)
+    assert abs(ema - live) > 1e-3 * live
 
 
 # --- Diffusion Policy: keyed noise ------------------------------------------------------------
