@@ -6,6 +6,7 @@ OBS_PREFIX = "observation."
 OBS_STATE = "observation.state"
 OBS_ENV_STATE = "observation.environment_state"
 OBS_IMAGES_PREFIX = "observation.images."
+OBS_LANGUAGE_PREFIX = "observation.language."  # the tokenized task (tokenizer_processor)
 ACTION = "action"
 
 # Policy feature types and normalization modes (LeRobot's FeatureType / NormalizationMode values).

@@ -27,6 +27,7 @@ from lerobot_pipe.constants import (
     DATASET_EPISODES_GLOB,
     DATASET_INFO,
     DATASET_STATS,
+    DATASET_TASKS,
     DATASET_VIDEO_PATH,
 )
 from lerobot_pipe.datasets.cameras import CameraError, ImageFrames, VideoFrames, frame_shape
@@ -243,6 +244,25 @@ def _read_info(root: Path) -> dict[str, Any]:
     return info
 
 
+def _read_tasks(root: Path) -> list[str] | None:
+    """The task strings by task_index (``meta/tasks.parquet``: the task as the index, column
+    ``task_index``); None for a dataset without the file."""
+    path = root / DATASET_TASKS
+    if not path.is_file():
+        return None
+    try:
+        table = pq.read_table(path).to_pandas()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(f"{path}: not a readable parquet file: {exc}.") from exc
+    if "task_index" not in table.columns:
+        raise DatasetError(f"{path}: no task_index column (columns: {list(table.columns)})")
+    tasks = table["task"] if "task" in table.columns else table.index.to_series()
+    by_index = dict(zip(table["task_index"].astype(int).tolist(), map(str, tasks), strict=True))
+    if sorted(by_index) != list(range(len(by_index))):
+        raise DatasetError(f"{path}: task_index values must be 0..{len(by_index) - 1}")
+    return [by_index[i] for i in range(len(by_index))]
+
+
 def _read_stats(
     root: Path,
     features: dict[str, dict[str, Any]],
@@ -406,6 +426,7 @@ class LeRobotDataset:
                         for name, value in IMAGENET_STATS.items()
                     }
                 )
+        self.tasks = _read_tasks(self.root)
         self.episodes = episodes
         self.image_transforms = ImageTransforms(image_transforms or ImageTransformsConfig())
         self._images: dict[str, pa.Array] = {}
@@ -613,6 +634,15 @@ class LeRobotDataset:
                 raise DatasetError(str(exc)) from None
             shape = (len(idx),) if offsets is None else (len(idx), len(offsets))
             batch[key] = _contiguous(frames, pin_memory).view(*shape, *self.camera_shapes[key])
+        # Each frame's task string, as LeRobot's items carry it (a list, not a tensor).
+        task_index = self._arrays["task_index"][idx]
+        if self.tasks is not None and idx.size:
+            if task_index.min() < 0 or task_index.max() >= len(self.tasks):
+                raise DatasetError(
+                    f"{self.root / DATASET_TASKS}: holds {len(self.tasks)} tasks, a frame has "
+                    f"task_index {int(task_index.max())}"
+                )
+            batch["task"] = [self.tasks[i] for i in task_index.tolist()]
         if not raw_cameras:
             batch = self.prepare_cameras(batch, sample_keys)
         return batch

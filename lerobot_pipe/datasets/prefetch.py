@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +24,16 @@ from lerobot_pipe.datasets.transforms import sample_keys
 from lerobot_pipe.training import faults
 
 _POLL_S = 0.1
-Batch = dict[str, torch.Tensor]
+Batch = dict[str, Any]  # tensors, and the "task" strings (a list)
+
+
+def to_device(batch: Batch, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
+    """The batch with its tensors on ``device``; other values (the ``task`` strings) as they
+    are."""
+    return {
+        k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+        for k, v in batch.items()
+    }
 
 
 class BatchPrefetcher:
@@ -130,7 +140,7 @@ class BatchPrefetcher:
         if self.device is None:
             return batch
         non_blocking = self.device.type == "cuda"
-        batch = {k: v.to(self.device, non_blocking=non_blocking) for k, v in batch.items()}
+        batch = to_device(batch, self.device, non_blocking=non_blocking)
         if self._finish_on_device:
             batch = self.dataset.prepare_cameras(batch, keys)
         return batch

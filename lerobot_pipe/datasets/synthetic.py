@@ -30,6 +30,13 @@ from lerobot_pipe.datasets.writer import DatasetWriter, camera_feature
 GENERATOR_VERSION = 2
 ROBOT_TYPE = "synthetic_point2d"
 TASK = "Move the point to the goal."
+# With num_tasks > 1, episode e is given TASKS[e % num_tasks] (TASKS[0] is TASK).
+TASKS = (
+    TASK,
+    "Reach the green dot.",
+    "Bring the red point onto the target.",
+    "Go to the goal and stop there.",
+)
 MAX_SPEED = 1.0  # units per second
 NOISE_STD = 0.01  # stationary std of the smooth action noise
 NOISE_CORRELATION = 0.9
@@ -164,7 +171,7 @@ def _build(folder: Path, params: dict[str, Any]) -> None:
         goal = np.broadcast_to(goals[e], agent.shape)
         writer.add_episode(
             {key: values[rows] for key, values in columns.items()},
-            TASK,
+            TASKS[e % params.get("num_tasks", 1)],
             {CAMERA_KEY.format(view): render(view, agent, goal, size) for view in cameras},
         )
     writer.finish()
@@ -191,6 +198,7 @@ def write_synthetic_dataset(
     image_size: int = 64,
     camera_dtype: str = "video",
     pixels_only: bool = False,
+    num_tasks: int = 1,
     overwrite: bool = False,
 ) -> Path:
     """Write the synthetic reaching dataset to ``root`` atomically and return ``root``.
@@ -198,7 +206,8 @@ def write_synthetic_dataset(
     ``cameras`` names the rendered views (``top``, ``wrist``; none by default: numeric
     features only), ``image_size`` their square side in pixels, ``camera_dtype`` how they are
     stored (``video``: AV1 mp4 as LeRobot encodes it; ``image``: PNG in the parquet), and
-    ``pixels_only`` leaves out ``observation.environment_state`` (the goal).
+    ``pixels_only`` leaves out ``observation.environment_state`` (the goal), and ``num_tasks``
+    (1 to 4) gives the episodes that many task strings in turn (meta/tasks.parquet).
 
     Returns at once when ``root`` already holds the same dataset (same parameters).
     An existing non-empty ``root`` holding anything else is refused unless ``overwrite``.
@@ -217,6 +226,8 @@ def write_synthetic_dataset(
         raise ValueError("pixels_only needs at least one camera (cameras=['top'])")
     if cameras and not 16 <= image_size <= 1024:
         raise ValueError(f"image_size {image_size} must lie in [16, 1024]")
+    if not 1 <= num_tasks <= len(TASKS):
+        raise ValueError(f"num_tasks {num_tasks} must lie in [1, {len(TASKS)}]")
     root = Path(root).expanduser().absolute()
     params = {
         "generator_version": GENERATOR_VERSION,
@@ -229,6 +240,8 @@ def write_synthetic_dataset(
         "camera_dtype": camera_dtype if cameras else None,
         "pixels_only": pixels_only,
     }
+    if num_tasks != 1:  # absent at 1: the default datasets' files stay as they were
+        params["num_tasks"] = num_tasks
     if _holds(root, params):
         return root
     if (root.is_file() or (root.is_dir() and any(root.iterdir()))) and not overwrite:

@@ -553,6 +553,20 @@ def _step_folder_name(pretrained: Path, step: int) -> str:
     return f"{step:06d}"
 
 
+def _rebuild_problem(pretrained: Path) -> str | None:
+    """What the policy's config says others would miss to rebuild it (its ``publish_problem``);
+    None for a config this version cannot read (published as it is)."""
+    from lerobot_pipe.policies.factory import discover_policies
+    from lerobot_pipe.policies.pretrained import PreTrainedConfig
+
+    discover_policies()
+    try:
+        config = PreTrainedConfig.from_pretrained(pretrained)
+    except ValueError:
+        return None
+    return config.publish_problem()
+
+
 def publish_checkpoint(
     step_dir: str | os.PathLike[str],
     repo_id: str,
@@ -636,6 +650,10 @@ def _publish_pretrained(
         logger.warning(
             "Hub: %s has no %s; the published policy cannot be loaded", pretrained, C.CONFIG_NAME
         )
+    else:
+        problem = _rebuild_problem(pretrained)
+        if problem:
+            raise PublishError(f"{pretrained}: not published: {problem}")
     name = _step_folder_name(pretrained, step)
     if model_card is None and not intermediate and (pretrained / C.TRAIN_CONFIG_NAME).is_file():
         from lerobot_pipe.hub.model_card import model_card_for_checkpoint

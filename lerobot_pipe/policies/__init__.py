@@ -13,7 +13,9 @@ Importing this package registers every policy type: each subpackage ``<type>/`` 
 - ``modeling_<type>.py``: a ``PreTrainedPolicy`` subclass with ``name = "<type>"`` and
   ``config_class`` (it registers itself), its ``_fsdp_wrap_modules`` (class names of the FSDP2
   units) and ``_peft_target_modules``;
-- ``__init__.py`` importing both.
+- ``__init__.py`` importing both (and any processor steps of its own, which register with
+  ``register_step``); the config's ``processor_steps`` arranges its pipelines (LeRobot's default
+  steps unless it overrides it, as SmolVLA does for its tokenizer).
 
 Nothing else names policy types: the trainer, processors, checkpoints, converter, Hub publishing
 and the pipeline take any registered type (``--policy.type=<type>``).

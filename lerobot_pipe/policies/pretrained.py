@@ -163,6 +163,22 @@ class PreTrainedConfig(ChoiceRegistry, choice_base=True, choice_kind="policy"):
         """The learning-rate scheduler the policy trains with by default; None for a constant lr."""
         return None
 
+    # --- processors -----------------------------------------------------------------------
+
+    def processor_steps(self, defaults: Any) -> tuple[list, list]:
+        """The steps of this policy's (preprocessor, postprocessor), from ``defaults``
+        (``lerobot_pipe.processors.factory.DefaultSteps``): LeRobot's default pipelines unless
+        a policy adds its own steps (e.g. a tokenizer)."""
+        return (
+            [defaults.rename, defaults.to_batch, defaults.to_device, defaults.normalize],
+            [defaults.unnormalize, defaults.to_cpu],
+        )
+
+    def publish_problem(self) -> str | None:
+        """Why a published checkpoint of this config could not be rebuilt by others (e.g. it
+        names a local folder they do not have), or None. Publishing refuses it before upload."""
+        return None
+
     # --- serialization --------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

@@ -173,6 +173,12 @@ class PolicyProcessorPipeline:
         name = entry.get("registry_name")
         step_cls = _STEPS.get(name)
         if step_cls is None:
+            # A policy's own steps register when its package is imported.
+            from lerobot_pipe.policies.factory import discover_policies
+
+            discover_policies()
+            step_cls = _STEPS.get(name)
+        if step_cls is None:
             raise ProcessorError(
                 f"{path}: processor step {name!r} is not supported here (supported: "
                 f"{sorted(_STEPS)}); this pipeline was written for a policy lerobot_pipe "

@@ -40,6 +40,7 @@ from torch import nn
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.datasets import LeRobotDataset
+from lerobot_pipe.datasets.prefetch import to_device
 from lerobot_pipe.datasets.transforms import sample_keys
 
 # Held-out keys are sample_keys at stream positions from 2**63 on: a training run would have to
@@ -158,7 +159,7 @@ def _batch(dataset: LeRobotDataset, rows: np.ndarray, seed: int, device: torch.d
     augmentation (LeRobot's held-out dataset has none), cameras as float32 in [0, 1]."""
     batch = dataset.get_batch(rows, raw_cameras=True)
     batch[C.SAMPLE_KEY] = torch.from_numpy(heldout_keys(seed, rows))
-    batch = {k: v.to(device) for k, v in batch.items()}
+    batch = to_device(batch, device)  # the task strings stay a list
     for key in dataset.camera_keys:
         if batch[key].dtype == torch.uint8:
             batch[key] = batch[key].to(torch.float32).div_(255.0)

@@ -386,6 +386,9 @@ def _check_publishable(cfg: TrainConfig) -> None:
     problem = repo_id_problem(repo_id)
     if problem:
         raise ConfigError(f"--policy.repo_id: {problem}")
+    problem = cfg.policy.publish_problem()
+    if problem:
+        raise ConfigError(f"--policy.push_to_hub=true: {problem}")
     ema_repo = f"{repo_id}{C.EMA_REPO_SUFFIX}"
     if cfg.ema.enable and repo_id_problem(ema_repo):
         raise ConfigError(

@@ -26,7 +26,9 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.checkpoint.manager import CheckpointManager
 from lerobot_pipe.checkpoint.pretrained import PolicyFiles
 from lerobot_pipe.checkpoint.stateful import TrainState
+from lerobot_pipe.configs.types import OBS_LANGUAGE_PREFIX
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
+from lerobot_pipe.datasets.prefetch import to_device
 from lerobot_pipe.distributed.parallelize import (
     ShardingPlan,
     apply_parallelism,
@@ -303,12 +305,14 @@ def _probe_forwards(
     with BatchPrefetcher(plan.dataset, sampler, 0, device=device) as loader:
         batch = pre(loader.next())
     features = policy.config.input_features
-    # select_action takes one observation per sample: the newest of an observation window.
+    # select_action takes one observation per sample: the newest of an observation window; the
+    # preprocessor's language tokens (observation.language.*) go with it.
     observation = {
         key: value[:, -1] if value.dim() == len(features[key]["shape"]) + 2 else value
         for key, value in batch.items()
         if key in features
     }
+    observation |= {k: v for k, v in batch.items() if k.startswith(OBS_LANGUAGE_PREFIX)}
     trainee.to(device)
     return find_bypassed_modules(
         trainee,
@@ -451,7 +455,7 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
                 loss_kwargs = _loss_normalizers(session.policy, window, env.device)
                 timer.lap("update_s")
             batch = window.pop(0)
-            batch = pre({k: v.to(env.device, non_blocking=True) for k, v in batch.items()})
+            batch = pre(to_device(batch, env.device, non_blocking=True))
             timer.lap("preprocessing_s")
             sync = step % ga == 0
             if dims.is_sharded:

@@ -29,7 +29,10 @@ def test_get_batch_shapes_and_dtypes(synthetic_root: Path) -> None:
         assert batch[key].shape == (3,) and batch[key].dtype == torch.int64
     assert batch["timestamp"].dtype == torch.float32
     assert batch["index"].tolist() == [0, 5, len(ds) - 1]
+    # Each frame's task string, from meta/tasks.parquet (LeRobot's items carry it).
+    assert batch["task"] == ["Move the point to the goal."] * 3
     item = ds[5]
+    assert item.pop("task") == "Move the point to the goal."
     for key, value in item.items():
         torch.testing.assert_close(value, batch[key][1])
     torch.testing.assert_close(ds[-1]["index"], torch.tensor(len(ds) - 1))
@@ -110,6 +113,9 @@ def test_loads_several_files_without_episode_metadata(dataset_copy: Path) -> Non
     ds = LeRobotDataset(dataset_copy)
     assert len(ds) == table.num_rows
     for key, value in ds.get_batch(np.arange(10)).items():
+        if key == "task":
+            assert value == reference[key]
+            continue
         torch.testing.assert_close(value, reference[key])
 
 

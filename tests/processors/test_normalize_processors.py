@@ -309,7 +309,7 @@ def test_loads_lerobot_pipelines_and_refuses_unknown_steps(tmp_path: Path) -> No
     loaded, _ = _load(tmp_path)
     batch = make_batch()
     assert torch.equal(loaded(batch)["observation.state"], pre(batch)["observation.state"])
-    pipeline["steps"][0] = {"registry_name": "tokenizer_processor", "config": {}}
+    pipeline["steps"][0] = {"registry_name": "action_tokenizer_processor", "config": {}}
     path.write_text(json.dumps(pipeline))
-    with pytest.raises(ProcessorError, match="step 'tokenizer_processor' is not supported"):
+    with pytest.raises(ProcessorError, match="step 'action_tokenizer_processor' is not supported"):
         _load(tmp_path)
