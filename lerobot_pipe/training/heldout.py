@@ -9,7 +9,7 @@ loader does: ``max(1, cap // n_tasks)`` first frames of each task (a frame's ``t
 Normalization statistics stay the whole dataset's (``meta/stats.json``), as LeRobot's.
 
 The figure (:func:`heldout_loss`): the mean of the policy's per-sample loss (``forward(batch,
-per_sample=True)``) over every held-out frame, once each, under ``no_grad``, the policy in eval
+reduction="none")``, LeRobot's convention for it) over every held-out frame, once each, under ``no_grad``, the policy in eval
 mode (as LeRobot: no dropout, ACT without its VAE encoder, Diffusion's centre crop) and in the
 run's autocast, with the live weights (not the EMA). The frames are split across the
 data-parallel ranks in contiguous shares; each rank sums its losses in float64 and one
@@ -196,7 +196,7 @@ def heldout_loss(
                     rows, weight = split.rows[:1], 0.0
                 batch = pre(_batch(dataset, rows, seed, device))
                 with autocast or contextlib.nullcontext():
-                    losses, _ = model(batch, per_sample=True)
+                    losses, _ = model(batch, reduction="none")
                 totals[0] += losses.detach().double().sum() * weight
                 totals[1] += len(rows) * weight
     finally:

@@ -369,10 +369,10 @@ def _validate_heldout(cfg: TrainConfig) -> None:
         from lerobot_pipe.policies.factory import get_policy_class
 
         forward = inspect.signature(get_policy_class(cfg.policy.type).forward)
-        if "per_sample" not in forward.parameters:
+        if "reduction" not in forward.parameters:
             raise ConfigError(
                 f"--eval_steps={cfg.eval_steps}: policy {cfg.policy.type!r} defines no "
-                "per-sample loss (forward(batch, per_sample=True)), which the held-out loss "
+                'per-sample loss (forward(batch, reduction="none")), which the held-out loss '
                 "needs; pass --eval_steps=0"
             )
 

@@ -374,5 +374,53 @@ def test_camera_frames_are_evaluated_without_augmentation(diffusion_camera_root,
     batch[C.SAMPLE_KEY] = torch.from_numpy(heldout_keys(plan.cfg.seed, rows))
     policy.eval()
     with torch.no_grad():
-        direct = policy(pre(batch), per_sample=True)[0].double().mean().item()
+        direct = policy(pre(batch), reduction="none")[0].double().mean().item()
     assert figure == pytest.approx(direct, rel=1e-6)
+
+
+def test_smolvla_held_out_loss_is_its_per_sample_mean(tmp_path):
+    """SmolVLA (LeRobot's forward(batch, reduction="none"), its noise and time keyed per frame):
+    the trainer's figure equals its per-sample losses on the checkpoint, frame by frame."""
+    pytest.importorskip("transformers", reason="SmolVLA needs transformers: lerobot_pipe[smolvla]")
+    from smolvla_tiny import build_tiny_smolvlm
+
+    from lerobot_pipe.datasets import write_synthetic_dataset
+    from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET, SmolVLAPolicy
+    from lerobot_pipe.processors import make_pre_post_processors
+    from lerobot_pipe.training.preflight import _delta_timestamps
+
+    vlm = build_tiny_smolvlm(tmp_path / "vlm")
+    root = write_synthetic_dataset(
+        tmp_path / "ds", num_episodes=4, episode_length=10, cameras=["top"], image_size=32,
+        pixels_only=True, num_tasks=2,
+    )  # fmt: skip
+    flags = {
+        "policy.type": "smolvla",
+        "policy.vlm_model_name": str(vlm),
+        **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
+        "policy.resize_imgs_with_padding": "[32,32]",
+        "dataset.root": str(root),
+        "dataset.eval_split": 0.5,
+        "eval_steps": 2,
+        "steps": 2,
+        "batch_size": 4,
+        "num_workers": 0,
+        "save_freq": 0,
+        "output_dir": str(tmp_path / "out"),
+    }
+    run_train([f"--{k}={v}" for k, v in flags.items()])
+    pretrained = tmp_path / "out" / C.CHECKPOINTS_DIR / "000002" / C.PRETRAINED_MODEL_DIR
+    policy = SmolVLAPolicy.from_pretrained(pretrained)
+    pre, _ = make_pre_post_processors(policy.config, pretrained_path=pretrained)
+    dataset = LeRobotDataset(root, delta_timestamps=_delta_timestamps(policy.config, root))
+    split = plan_split(dataset, 0.5)
+    assert split.eval_episodes == (2, 3)  # the last of each of the two tasks (0 2 | 1 3)
+    policy.eval()
+    per_sample = []
+    with torch.no_grad():
+        for row in split.rows:
+            batch = dataset.get_batch([row])
+            batch[C.SAMPLE_KEY] = torch.from_numpy(heldout_keys(1000, np.array([row])))
+            per_sample.append(policy(pre(batch), reduction="none")[0].item())
+    figure = eval_losses(tmp_path / "out")[2]
+    assert figure == pytest.approx(float(np.mean(per_sample)), rel=1e-5)

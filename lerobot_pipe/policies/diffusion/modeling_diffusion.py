@@ -614,11 +614,16 @@ class DiffusionPolicy(PreTrainedPolicy):
         self,
         batch: dict[str, Tensor],
         normalizers: dict[str, tuple[Tensor, int]] | None = None,
-        per_sample: bool = False,
+        reduction: str = "mean",
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The denoising loss on a training batch (and no parts: the loss is one term);
-        ``per_sample``: each sample's (B,), its noise and diffusion step from its key."""
+        ``reduction="none"`` (LeRobot's convention): each sample's (B,), its noise and
+        diffusion step from its key."""
+        if reduction not in ("mean", "none"):
+            raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         n_one = self.config.n_obs_steps == 1
         batch = self._stack_cameras(batch, add_step_dim=n_one)
-        loss = self.diffusion.compute_loss(batch, (normalizers or {}).get("mse"), per_sample)
+        loss = self.diffusion.compute_loss(
+            batch, (normalizers or {}).get("mse"), reduction == "none"
+        )
         return loss, {}
