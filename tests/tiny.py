@@ -108,4 +108,10 @@ def train_fsdp2_dcp(dataset_root: str | Path, output_dir: Path) -> Path:
 
 def losses(output_dir: str | Path) -> dict[int, float]:
     lines = (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
-    return {rec["step"]: rec["loss"] for rec in map(json.loads, lines)}
+    return {rec["step"]: rec["loss"] for rec in map(json.loads, lines) if "loss" in rec}
+
+
+def eval_losses(output_dir: str | Path) -> dict[int, float]:
+    """The held-out loss records of metrics.jsonl by step."""
+    lines = (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
+    return {rec["step"]: rec["eval_loss"] for rec in map(json.loads, lines) if "eval_loss" in rec}

@@ -82,7 +82,8 @@ class DatasetConfig:
     return_uint8: bool = False  # LeRobot's; not built here (frames are float32 in [0, 1])
     depth_output_unit: str = "mm"  # LeRobot's, for depth cameras; not read here
     streaming: bool = False  # LeRobot's streaming datasets; not built here (must stay false)
-    eval_split: float = 0.0  # LeRobot's held-out split; not built here (must stay 0)
+    # share of each task's episodes held out (the last ones; training/heldout.py), in [0, 1)
+    eval_split: float = 0.0
 
 
 @dataclass
@@ -280,8 +281,8 @@ class TrainConfig:
     steps: int = 100_000  # loop steps (micro-batches per rank) to train for in all
     env_eval_freq: int = 20_000  # LeRobot's; not run here
     log_freq: int = 200  # log the loss and throughput every this many loop steps
-    eval_steps: int = 0  # LeRobot's held-out evaluation; not built here (must stay 0)
-    max_eval_samples: int = 0  # LeRobot's; not used here
+    eval_steps: int = 0  # the held-out loss every this many loop steps (0: never)
+    max_eval_samples: int = 0  # cap on the held-out frames evaluated, split over tasks (0: all)
     tolerance_s: float = 1e-4  # how far a camera frame's timestamp may be from the one asked for
     save_checkpoint: bool = True  # write checkpoints
     save_freq: int = 20_000  # checkpoint every this many loop steps (0: the final step only)

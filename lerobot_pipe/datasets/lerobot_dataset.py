@@ -567,6 +567,20 @@ class LeRobotDataset:
         """Each episode's ``[from, to)`` row positions (the positions ``get_batch`` takes)."""
         return self._episode_bounds
 
+    @property
+    def episode_index(self) -> np.ndarray:
+        """Each row's ``episode_index`` (read-only view)."""
+        view = self._arrays["episode_index"].view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def task_index(self) -> np.ndarray:
+        """Each row's ``task_index`` (read-only view)."""
+        view = self._arrays["task_index"].view()
+        view.flags.writeable = False
+        return view
+
     def __len__(self) -> int:
         return self.num_frames
 

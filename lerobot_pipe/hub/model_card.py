@@ -167,10 +167,13 @@ def model_card_for_checkpoint(pretrained_dir: str | Path, repo_id: str) -> str:
     metrics = None
     metrics_file = Path(config.get("output_dir") or "") / C.METRICS_LOG
     if config.get("output_dir") and metrics_file.is_file():
-        lines = metrics_file.read_text().splitlines()
-        if lines:
-            last = json.loads(lines[-1])
-            metrics = {k: last[k] for k in ("step", "loss") if k in last}
+        records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
+        train = [r for r in records if "loss" in r]  # the others: held-out loss records
+        if train:
+            metrics = {k: train[-1][k] for k in ("step", "loss")}
+            held_out = [r for r in records if "eval_loss" in r and r["step"] <= metrics["step"]]
+            if held_out:
+                metrics["eval_loss"] = held_out[-1]["eval_loss"]
     return make_model_card(
         repo_id=repo_id,
         policy_type=policy.get("type") or "unknown",

@@ -13,7 +13,7 @@ import re
 # lerobot-train flags the pipeline sets itself (the schema refuses them under `train`).
 _SET_BY_PIPELINE = {"output_dir", "job_name", "resume", "config_path"}
 # --dataset.* flags that come from the config's own `dataset` section.
-_DATASET_KEYS = {"dataset.root", "dataset.repo_id", "dataset.revision"}
+_DATASET_KEYS = {"dataset.root", "dataset.repo_id", "dataset.revision", "dataset.eval_split"}
 _FLAG = re.compile(r"--([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 
 

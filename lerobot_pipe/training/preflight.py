@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import logging
 import os
 from collections.abc import Mapping
@@ -65,6 +66,7 @@ from lerobot_pipe.policies.vision.imagenet_weights import (
     ensure_backbone_weights,
     offline_requested,
 )
+from lerobot_pipe.training.heldout import HeldOutSplit, plan_split, train_episode_mask
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
 from lerobot_pipe.training.trackers import TrackerError, wandb_problem
 
@@ -97,6 +99,8 @@ class TrainingPlan:
     acknowledged_env: tuple[str, ...] = ()
     # How FSDP2 wraps the policy, checked on the meta device (None unless the run is sharded).
     sharding: ShardingPlan | None = None
+    # The held-out episodes and frames of --dataset.eval_split (None without a split).
+    heldout: HeldOutSplit | None = None
 
     @property
     def output_dir(self) -> Path:
@@ -287,6 +291,7 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
     if cfg.policy.push_to_hub:
         _check_publishable(cfg)
     _validate_ema(cfg.ema)
+    _validate_heldout(cfg)
     if cfg.job_name is not None and ("/" in cfg.job_name or cfg.job_name.startswith(".")):
         raise ConfigError(
             f"--job_name={cfg.job_name!r}: must be a plain name (no '/', not starting with '.')"
@@ -337,6 +342,39 @@ def _validate_ema(ema: EMAConfig) -> None:
             f"--ema.decay={ema.decay} (a constant decay) and --ema.min_decay / --ema.max_decay "
             "(the schedule's bounds) exclude each other: set one or the other"
         )
+
+
+def _validate_heldout(cfg: TrainConfig) -> None:
+    """LeRobot 0.6.1's checks of the held-out loss's flags (its DatasetConfig and
+    TrainPipelineConfig ``__post_init__``), plus negative values refused as typos."""
+    split = cfg.dataset.eval_split
+    if not 0.0 <= split < 1.0:
+        raise ConfigError(
+            f"--dataset.eval_split={split}: must be in [0, 1) (the share of each task's "
+            "episodes held out; 0 holds none out)"
+        )
+    if cfg.eval_steps < 0:
+        raise ConfigError(f"--eval_steps={cfg.eval_steps}: must be >= 0 (0 never evaluates)")
+    if cfg.max_eval_samples < 0:
+        raise ConfigError(
+            f"--max_eval_samples={cfg.max_eval_samples}: must be >= 0 (0 evaluates every "
+            "held-out frame)"
+        )
+    if cfg.eval_steps > 0 and split == 0.0:
+        raise ConfigError(
+            f"--eval_steps={cfg.eval_steps} evaluates on held-out episodes: it needs "
+            "--dataset.eval_split > 0 (e.g. 0.1 holds out the last tenth of each task's episodes)"
+        )
+    if cfg.eval_steps > 0:
+        from lerobot_pipe.policies.factory import get_policy_class
+
+        forward = inspect.signature(get_policy_class(cfg.policy.type).forward)
+        if "reduction" not in forward.parameters:
+            raise ConfigError(
+                f"--eval_steps={cfg.eval_steps}: policy {cfg.policy.type!r} defines no "
+                'per-sample loss (forward(batch, reduction="none")), which the held-out loss '
+                "needs; pass --eval_steps=0"
+            )
 
 
 def _check_publishable(cfg: TrainConfig) -> None:
@@ -456,8 +494,6 @@ def _refuse_unbuilt(cfg: TrainConfig) -> None:
             cfg.dataset.repo_type != "dataset",
             "only dataset repositories (repo_type=dataset) are read",
         ),
-        ("dataset.eval_split", cfg.dataset.eval_split != 0.0, "held-out evaluation is not built"),
-        ("eval_steps", cfg.eval_steps != 0, "held-out evaluation is not built"),
         (
             "save_checkpoint_to_hub",
             cfg.save_checkpoint_to_hub,
@@ -583,7 +619,11 @@ def plan_on_dataset(
     policy, sharding = check_policy_plan(cfg, dims, dataset)
     cfg = replace(cfg, policy=policy)
     check_backbone_weights(cfg, env)
-    drawable = sample_indices(cfg.policy, dataset)
+    try:
+        heldout = plan_split(dataset, cfg.dataset.eval_split, cfg.max_eval_samples)
+    except ValueError as e:
+        raise ConfigError(f"{e} ({dataset.root})") from None
+    drawable = sample_indices(cfg.policy, dataset, heldout)
     n_drawable = len(dataset) if drawable is None else len(drawable)
     if n_drawable < cfg.batch_size * dims.dp_world_size:
         log.warning(
@@ -599,6 +639,7 @@ def plan_on_dataset(
         resume=point,
         acknowledged_env=acknowledged,
         sharding=sharding,
+        heldout=heldout,
     )
 
 
@@ -623,16 +664,22 @@ def _delta_timestamps(policy: PreTrainedConfig, root: Path) -> dict[str, list[fl
     return windows or None
 
 
-def sample_indices(policy: PreTrainedConfig, dataset: LeRobotDataset) -> np.ndarray | None:
-    """The dataset positions the sampler draws from: every frame, or, for a policy with a
-    ``drop_n_last_frames`` field (LeRobot's convention, e.g. Diffusion Policy), each episode's
-    frames but its last ``drop_n_last_frames``. None means every frame. ConfigError when no
-    frame is left."""
+def sample_indices(
+    policy: PreTrainedConfig, dataset: LeRobotDataset, heldout: HeldOutSplit | None = None
+) -> np.ndarray | None:
+    """The dataset positions the sampler draws from: every frame of the training episodes
+    (all but those ``heldout`` holds out), or, for a policy with a ``drop_n_last_frames`` field
+    (LeRobot's convention, e.g. Diffusion Policy), each one's frames but its last
+    ``drop_n_last_frames``. None means every frame. ConfigError when no frame is left."""
     drop = getattr(policy, "drop_n_last_frames", 0) or 0
-    if not drop:
+    keep = train_episode_mask(dataset, heldout)
+    if not drop and keep is None:
         return None
+    starts, ends = dataset.episode_bounds
+    if keep is not None:
+        starts, ends = starts[keep], ends[keep]
     try:
-        return episode_frames(*dataset.episode_bounds, drop_n_last_frames=drop)
+        return episode_frames(starts, ends, drop_n_last_frames=drop)
     except ValueError as e:
         raise ConfigError(f"--policy.drop_n_last_frames={drop} on {dataset.root}: {e}") from None
 

@@ -38,15 +38,19 @@ def format_eta(seconds: float) -> str:
 
 def render_progress(event: dict[str, Any]) -> str:
     """The progress line of a ``progress`` event, e.g.
-    ``step 40/60 (66%) loss 0.1234 12.3 samples/s ETA 0:00:12 data wait 35%; saved <folder>``.
+    ``step 40/60 (66%) loss 0.1234 eval_loss 0.2345 12.3 samples/s ETA 0:00:12 data wait 35%;
+    saved <folder>`` (``eval_loss``: the latest held-out loss, once there is one).
     The data wait is the share of the step time spent waiting for batches (``dataloading_s`` /
     ``step_s`` of the last logged step, slowest rank): when it is large, more
     ``--num_workers`` help. Last before the saved folder, so a narrow terminal cuts it first."""
     step, total, loss = event["step"], event["total"], event.get("loss")
     eta, wait = event.get("eta_s"), event.get("data_wait")
+    eval_loss = event.get("eval_loss")
     text = (
         f"step {step}/{total} ({100 * step // max(total, 1)}%) "
-        f"loss {'-' if loss is None else f'{loss:.4f}'} {event['samples_per_s']:.1f} samples/s "
+        f"loss {'-' if loss is None else f'{loss:.4f}'} "
+        f"{'' if eval_loss is None else f'eval_loss {eval_loss:.4f} '}"
+        f"{event['samples_per_s']:.1f} samples/s "
         f"ETA {'?' if eta is None else format_eta(eta)}"
     )
     if wait is not None:
@@ -147,6 +151,7 @@ class ProgressReporter:
         self.channel = channel
         self.loss: float | None = None
         self.data_wait: float | None = None
+        self.eval_loss: float | None = None
         self.bar = None
         if enabled and stream.isatty():
             from tqdm import tqdm
@@ -170,9 +175,15 @@ class ProgressReporter:
         self.data_wait = data_wait
         if self.bar is not None:
             postfix = {"loss": f"{loss:.4f}"}
+            if self.eval_loss is not None:
+                postfix["eval_loss"] = f"{self.eval_loss:.4f}"
             if data_wait is not None:
                 postfix["data_wait"] = f"{100 * data_wait:.0f}%"
             self.bar.set_postfix(postfix, refresh=False)
+
+    def set_eval_loss(self, eval_loss: float) -> None:
+        """The latest held-out loss (the same on every rank), shown from the next line on."""
+        self.eval_loss = eval_loss
 
     def update(self, step: int, running: torch.Tensor, saved: Path | None = None) -> None:
         if not self.enabled:
@@ -197,6 +208,7 @@ class ProgressReporter:
             else 0.0,
             "eta_s": (self.total - step) * (now - self._started) / done if done else None,
             "data_wait": self.data_wait,
+            "eval_loss": self.eval_loss,
             "saved": str(saved) if saved else None,
         }
         if self.channel is not None:

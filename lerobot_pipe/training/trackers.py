@@ -239,9 +239,9 @@ class MetricsLog:
     """metrics.jsonl in the output dir (main rank), plus trackio and W&B when enabled.
 
     :meth:`log` takes a train record (``step`` and the reduced metrics) or, with
-    ``mode="eval"``, an evaluation record (sent to the trackers as ``eval/<key>``; not in
-    metrics.jsonl, whose records are the training curve); :meth:`checkpoint` each checkpoint
-    once it is durable."""
+    ``mode="eval"``, an evaluation record (e.g. ``{"step", "eval_loss", "eval_samples"}``: a
+    record of its own in metrics.jsonl, told apart by having no ``loss``; sent to the trackers
+    as ``eval/<key>``); :meth:`checkpoint` each checkpoint once it is durable."""
 
     def __init__(
         self,
@@ -284,11 +284,12 @@ class MetricsLog:
             )
 
     def log(self, record: dict, mode: str = "train") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not self.enabled:
             return
-        if mode == "train":
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
         if self.trackio is not None:
             prefix = "" if mode == "train" else f"{mode}/"
             self.trackio.log(

@@ -58,6 +58,8 @@ from lerobot_pipe.processors import (
 )
 from lerobot_pipe.training import faults
 from lerobot_pipe.training.ema import EMAState
+from lerobot_pipe.training.heldout import describe as describe_heldout
+from lerobot_pipe.training.heldout import heldout_loss
 from lerobot_pipe.training.optim import make_optimizer, make_scheduler
 from lerobot_pipe.training.preflight import TrainingPlan, sample_indices
 from lerobot_pipe.training.progress import EventChannel, ProgressReporter
@@ -115,6 +117,9 @@ def banner(
             f"EMA of the weights: {schedule}, update_after_step={ema.update_after_step}, "
             f"use_for_eval={ema.use_for_eval}"
         )
+    if plan.heldout is not None:
+        every = f"every {cfg.eval_steps} steps" if cfg.eval_steps else "never (--eval_steps=0)"
+        lines.append(f"{describe_heldout(plan.heldout)}; held-out loss {every}")
     if plan.resume_from is not None:
         lines.append(f"Resuming from {plan.resume_from} (step {plan.start_step})")
     return "\n".join(lines)
@@ -295,7 +300,7 @@ def _probe_forwards(
         dp_rank=0,
         dp_world_size=1,
         seed=cfg.seed,
-        indices=sample_indices(cfg.policy, plan.dataset),
+        indices=sample_indices(cfg.policy, plan.dataset, plan.heldout),
     )
     with BatchPrefetcher(plan.dataset, sampler, 0, device=device) as loader:
         batch = pre(loader.next())
@@ -421,7 +426,7 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
         dp_world_size=dims.dp_world_size,
         seed=cfg.seed,
         start_sample=state.progress.samples_consumed,
-        indices=sample_indices(cfg.policy, plan.dataset),
+        indices=sample_indices(cfg.policy, plan.dataset, plan.heldout),
     )
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers, device=env.device)
     metrics: MetricsLog | None = None
@@ -518,6 +523,31 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
                     )
                 running.zero_()
 
+            if cfg.eval_steps and step % cfg.eval_steps == 0:  # LeRobot's rule (not at the end)
+                eval_loss = heldout_loss(
+                    model,
+                    pre,
+                    plan.dataset,
+                    plan.heldout,
+                    batch_size=cfg.batch_size,
+                    seed=cfg.seed,
+                    rank=env.rank,
+                    world_size=dims.dp_world_size,
+                    device=env.device,
+                    autocast=autocast,
+                )
+                metrics.log(
+                    {
+                        "step": step,
+                        "eval_loss": eval_loss,
+                        "eval_samples": plan.heldout.num_samples,
+                    },
+                    mode="eval",
+                )
+                progress.set_eval_loss(eval_loss)
+                if env.is_main:
+                    log.info("step %d: eval_loss=%.5f", step, eval_loss)
+
             state.progress.step = step
             state.progress.samples_consumed = sampler.samples_consumed
             saved = None
@@ -543,6 +573,11 @@ def open_metrics(plan: TrainingPlan, env: DistEnv) -> MetricsLog:
     """Collective: the trackers, opened on the main rank (W&B starts its run there); when that
     fails (a login the server refuses, ...) every rank stops with its message."""
     opened: list[MetricsLog] = []
+    # W&B's episodes and epochs count the training episodes (LeRobot's train dataset).
+    num_frames, num_episodes = len(plan.dataset), plan.dataset.num_episodes
+    if plan.heldout is not None:
+        num_frames -= plan.heldout.num_held_out_frames
+        num_episodes = len(plan.heldout.train_episodes)
 
     def _open() -> None:
         opened.append(
@@ -550,8 +585,8 @@ def open_metrics(plan: TrainingPlan, env: DistEnv) -> MetricsLog:
                 plan.cfg,
                 start_step=plan.start_step,
                 is_main=True,
-                num_frames=len(plan.dataset),
-                num_episodes=plan.dataset.num_episodes,
+                num_frames=num_frames,
+                num_episodes=num_episodes,
                 resumed_from=plan.resume_from,
             )
         )

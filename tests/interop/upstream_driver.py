@@ -142,6 +142,63 @@ def job_loss(spec: dict) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, spec["out"])
 
 
+def job_eval_split(spec: dict) -> None:
+    """LeRobot's train / held-out episodes of ``--dataset.eval_split`` (make_train_eval_datasets)
+    and the held-out dataset's frame indices, for each case of ``spec["cases"]``."""
+    from lerobot.configs.default import DatasetConfig
+    from lerobot.configs.train import TrainPipelineConfig
+    from lerobot.datasets.factory import make_train_eval_datasets
+    from lerobot.policies.act.configuration_act import ACTConfig
+
+    results = {}
+    for name, case in spec["cases"].items():
+        dataset = DatasetConfig(
+            repo_id="local/heldout",
+            root=spec["dataset_root"],
+            eval_split=case["eval_split"],
+            episodes=case.get("episodes"),
+        )
+        cfg = TrainPipelineConfig(
+            dataset=dataset, policy=ACTConfig(device="cpu", push_to_hub=False)
+        )
+        try:
+            train, held_out = make_train_eval_datasets(cfg)
+        except ValueError as e:
+            results[name] = {"error": str(e)}
+            continue
+        results[name] = {
+            "train": list(train.episodes),
+            "eval": list(held_out.episodes),
+            "eval_index": held_out.hf_dataset.data.column("index").to_pylist(),
+        }
+    Path(spec["out"]).write_text(json.dumps(results))
+
+
+def job_heldout_loss(spec: dict) -> None:
+    """lerobot_train.py's held-out loss (its eval step) on one process: the held-out dataset of
+    make_train_eval_datasets in a loader of ``spec["batch_size"]``, the policy in eval mode under
+    no_grad, the mean of the per-batch losses."""
+    from lerobot.configs.default import DatasetConfig
+    from lerobot.configs.train import TrainPipelineConfig
+    from lerobot.datasets.factory import make_train_eval_datasets
+
+    policy_cfg, policy, pre, _ = _policy(spec["pretrained"], spec["dataset_root"])
+    dataset = DatasetConfig(
+        repo_id="local/heldout", root=spec["dataset_root"], eval_split=spec["eval_split"]
+    )
+    _, held_out = make_train_eval_datasets(TrainPipelineConfig(dataset=dataset, policy=policy_cfg))
+    loader = torch.utils.data.DataLoader(held_out, batch_size=spec["batch_size"], shuffle=False)
+    policy.eval()
+    losses = []
+    with torch.no_grad():
+        for batch in loader:
+            loss, _ = policy.forward(pre(batch))
+            losses.append(loss.item())
+    Path(spec["out"]).write_text(
+        json.dumps({"eval_loss": sum(losses) / len(losses), "num_samples": len(held_out)})
+    )
+
+
 def job_train_config(spec: dict) -> None:
     """Decode a train_config.json with LeRobot's TrainPipelineConfig (draccus), as --config_path
     does, and write back what it decoded."""
@@ -239,6 +296,8 @@ JOBS = {
     "loss": job_loss,
     "lr_schedules": job_lr_schedules,
     "strict_actions": job_strict_actions,
+    "eval_split": job_eval_split,
+    "heldout_loss": job_heldout_loss,
     "train_config": job_train_config,
     "training_state": job_training_state,
 }

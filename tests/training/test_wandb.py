@@ -148,7 +148,7 @@ def test_a_resumed_run_continues_the_same_run_id(wandb_runs):
 
 
 def test_eval_records_are_logged_under_eval(wandb_env, dataset_root, tmp_path):
-    """Nothing produces evaluation metrics yet (issue #22): the logger takes them directly."""
+    """The logger's eval records (the trainer's held-out loss: training/test_heldout.py)."""
     from lerobot_pipe.configs.parser import replace
     from lerobot_pipe.training.preflight import parse_train_config, validate_config
 
@@ -167,10 +167,40 @@ def test_eval_records_are_logged_under_eval(wandb_env, dataset_root, tmp_path):
     assert row["_step"] == 3 and row["eval/eval_loss"] == 0.5 and row["eval/avg_sum_reward"] == 1.5
     assert row["train/loss"] == 0.25 and row["train/epochs"] == 24 / 1000
     assert run["tags"] == []
-    # metrics.jsonl is the training curve: the eval record is not in it.
-    assert [
-        json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
-    ] == [3]
+    # metrics.jsonl holds both, the eval record on its own line (told apart by having no loss).
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records == [
+        {"step": 3, "loss": 0.25, "samples": 24},
+        {"step": 3, "eval_loss": 0.5, "avg_sum_reward": 1.5},
+    ]
+
+
+def test_the_held_out_loss_is_logged_under_eval(wandb_env, dataset_root, tmp_path):
+    """The trainer's eval_loss (--eval_steps) as LeRobot logs it: eval/eval_loss at its step;
+    episodes and epochs count the training episodes only (LeRobot's train dataset)."""
+    flags = tiny_act_flags(**{"dataset.root": dataset_root, "log_freq": 2, "batch_size": 4})
+    run_train(
+        [
+            *flags,
+            "--steps=2",
+            "--save_freq=0",
+            "--dataset.eval_split=0.25",
+            "--eval_steps=2",
+            "--wandb.enable=true",
+            "--wandb.mode=offline",
+            f"--output_dir={tmp_path}",
+        ]
+    )
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    (row,) = read_wandb_run(run_dir)["history"]
+    (record,) = [
+        r for r in map(json.loads, (tmp_path / "metrics.jsonl").open()) if "eval_loss" in r
+    ]
+    assert row["_step"] == record["step"] == 2
+    assert row["eval/eval_loss"] == pytest.approx(record["eval_loss"])
+    assert row["eval/eval_samples"] == 5 * 50  # the last 5 of the 20 episodes
+    assert row["train/epochs"] == pytest.approx(8 / (15 * 50))
+    assert row["train/episodes"] == pytest.approx(8 / 50)
 
 
 def test_a_resume_without_a_wandb_run_starts_one(wandb_env, dataset_root, tmp_path, caplog):

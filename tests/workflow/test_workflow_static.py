@@ -165,6 +165,15 @@ def test_config_schema_rejects_bad_keys(workspace, override, complaint):
     assert "Failed validating" not in result.output and len(result.output.splitlines()) < 10
 
 
+def test_the_held_out_split_is_passed_to_lerobot_train(workspace):
+    override = workspace.write_config(
+        "override.yaml", {"dataset": {"eval_split": 0.25}, "train": {"eval_steps": 10}}
+    )
+    result = workspace.run_ok("-n", "-p", "--configfile", "config/config.yaml", override)
+    assert "--dataset.eval_split=0.25" in result.output and "--eval_steps=10" in result.output
+    assert "--dataset.eval_split" not in workspace.run_ok("-n", "-p").output
+
+
 def test_null_keys_are_passed_to_lerobot_train(workspace):
     """null means lerobot-train's default on every run, also over a resumed checkpoint's
     saved value: the flag is passed, not left out."""

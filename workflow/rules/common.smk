@@ -82,8 +82,13 @@ def dotted_flags(mapping, prefix=""):
 
 def dataset_flags():
     if USE_SYNTHETIC_DATASET:
-        return {"root": SYNTHETIC_DATASET, "repo_id": None, "revision": None}
-    return {key: config["dataset"][key] for key in ("root", "repo_id", "revision")}
+        flags = {"root": SYNTHETIC_DATASET, "repo_id": None, "revision": None}
+    else:
+        flags = {key: config["dataset"][key] for key in ("root", "repo_id", "revision")}
+    # Passed only when set, so that the flags (and params) of a run without it stay as they were.
+    if config["dataset"].get("eval_split"):
+        flags["eval_split"] = config["dataset"]["eval_split"]
+    return flags
 
 
 def train_flags():

@@ -13,8 +13,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def read_metrics(path: Path) -> dict[int, dict]:
-    """One record per step. A resumed run logs again the steps after its checkpoint: the
-    latest record of a step wins, as it is the one the final weights come from."""
+    """One record per step: a step's training record and its held-out loss record (``eval_loss``)
+    merged. A resumed run logs again the steps after its checkpoint: the latest value of a step
+    wins, as it is the one the final weights come from."""
     records: dict[int, dict] = {}
     if not path.exists():
         print(f"{path} does not exist: the figures will be empty", file=sys.stderr)
@@ -22,16 +23,28 @@ def read_metrics(path: Path) -> dict[int, dict]:
     for line in path.read_text().splitlines():
         if line.strip():
             record = json.loads(line)
-            records[int(record["step"])] = record
+            records.setdefault(int(record["step"]), {}).update(record)
     return dict(sorted(records.items()))
 
 
-def plot(records: dict[int, dict], key: str, ylabel: str, title: str, out: str) -> None:
-    points = [(step, r[key]) for step, r in records.items() if r.get(key) is not None]
+def plot(
+    records: dict[int, dict],
+    keys: dict[str, str],
+    ylabel: str,
+    title: str,
+    out: str,
+) -> None:
+    """One curve per key (key -> legend label); a legend when there are several curves."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    if points:
-        steps, values = zip(*points, strict=True)
-        ax.plot(steps, values, marker=".")
+    drawn = 0
+    for key, label in keys.items():
+        points = [(step, r[key]) for step, r in records.items() if r.get(key) is not None]
+        if points:
+            steps, values = zip(*points, strict=True)
+            ax.plot(steps, values, marker=".", label=label)
+            drawn += 1
+    if drawn > 1:
+        ax.legend(fontsize="small")
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -86,7 +99,9 @@ def plot_throughput(records: dict[int, dict], title: str, out: str) -> None:
 def main(snakemake) -> None:
     records = read_metrics(Path(snakemake.params.metrics))
     run = snakemake.params.run
-    plot(records, "loss", "training loss", f"{run}: loss", snakemake.output.loss)
+    # The held-out loss (--eval_steps with --dataset.eval_split) beside the training loss.
+    curves = {"loss": "training loss", "eval_loss": "held-out loss (eval_loss)"}
+    plot(records, curves, "loss", f"{run}: loss", snakemake.output.loss)
     plot_throughput(records, f"{run}: throughput", snakemake.output.throughput)
 
 

@@ -518,13 +518,20 @@ class ACTPolicy(PreTrainedPolicy):
         self,
         batch: dict[str, Tensor],
         normalizers: dict[str, tuple[Tensor, int]] | None = None,
+        reduction: str = "mean",
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss = L1 averaged over the non-padded action values (LeRobot 0.6.1), plus
         kl_weight * KL (summed over latent dims, averaged over the batch) when the VAE ran.
 
         ``normalizers["l1"] = (total, shares)``: the count of :meth:`loss_normalizers` over a
         whole data-parallel, accumulated batch and the number of parts it is split into; the L1
-        sum is then divided by total / shares instead of this part's own count."""
+        sum is then divided by total / shares instead of this part's own count.
+
+        ``reduction="none"`` (LeRobot's convention for a per-sample loss): the loss of each
+        sample instead, (B,): its L1 averaged over its own non-padded action values, plus
+        kl_weight * its KL when the VAE ran (the held-out loss, in eval mode, has no VAE term)."""
+        if reduction not in ("mean", "none"):
+            raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         target = _require(batch, ACTION)
         action_is_pad = _require(batch, ACTION_IS_PAD)
         expected = (self.config.chunk_size, self.config.action_feature["shape"][0])
@@ -536,6 +543,13 @@ class ACTPolicy(PreTrainedPolicy):
         actions_hat, (mu, log_sigma_x2) = self.model(batch)
         valid = ~action_is_pad.bool().unsqueeze(-1)
         abs_err = F.l1_loss(target, actions_hat, reduction="none")
+        if reduction == "none":
+            counts = (valid.sum(dim=(1, 2)) * abs_err.shape[-1]).clamp_min(1)
+            losses = (abs_err * valid).sum(dim=(1, 2)) / counts
+            if mu is not None:
+                kld = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1)
+                losses = losses + kld * self.config.kl_weight
+            return losses, {}
         if normalizers is not None and "l1" in normalizers:
             total, shares = normalizers["l1"]
             denominator = total.float().clamp_min(1) / shares

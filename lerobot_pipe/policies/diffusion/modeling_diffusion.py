@@ -461,11 +461,16 @@ class DiffusionModel(nn.Module):
         return actions[:, start : start + self.config.n_action_steps]
 
     def compute_loss(
-        self, batch: dict[str, Tensor], normalizer: tuple[Tensor, int] | None = None
+        self,
+        batch: dict[str, Tensor],
+        normalizer: tuple[Tensor, int] | None = None,
+        per_sample: bool = False,
     ) -> Tensor:
         """The denoising loss: MSE between the U-Net's prediction and the noise (epsilon) or the
         clean actions (sample); with ``do_mask_loss_for_padding``, over non-padded steps only
-        (divided by ``normalizer``'s share of the whole batch's count when given)."""
+        (divided by ``normalizer``'s share of the whole batch's count when given).
+        ``per_sample``: each sample's own mean (B,) instead, over its non-padded values with
+        ``do_mask_loss_for_padding``, else over all of them."""
         config = self.config
         trajectory = _require(batch, ACTION)
         state = _require(batch, OBS_STATE)
@@ -492,8 +497,11 @@ class DiffusionModel(nn.Module):
         target = eps if config.prediction_type == "epsilon" else trajectory
         loss = F.mse_loss(pred.float(), target.float(), reduction="none")
         if not config.do_mask_loss_for_padding:
-            return loss.mean()
+            return loss.mean(dim=(1, 2)) if per_sample else loss.mean()
         valid = ~_require(batch, ACTION_IS_PAD).bool().unsqueeze(-1)
+        if per_sample:
+            counts = (valid.sum(dim=(1, 2)) * loss.shape[-1]).clamp_min(1)
+            return (loss * valid).sum(dim=(1, 2)) / counts
         if normalizer is not None:
             total, shares = normalizer
             denominator = total.float().clamp_min(1) / shares
@@ -606,9 +614,16 @@ class DiffusionPolicy(PreTrainedPolicy):
         self,
         batch: dict[str, Tensor],
         normalizers: dict[str, tuple[Tensor, int]] | None = None,
+        reduction: str = "mean",
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The denoising loss on a training batch (and no parts: the loss is one term)."""
+        """The denoising loss on a training batch (and no parts: the loss is one term);
+        ``reduction="none"`` (LeRobot's convention): each sample's (B,), its noise and
+        diffusion step from its key."""
+        if reduction not in ("mean", "none"):
+            raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         n_one = self.config.n_obs_steps == 1
         batch = self._stack_cameras(batch, add_step_dim=n_one)
-        loss = self.diffusion.compute_loss(batch, (normalizers or {}).get("mse"))
+        loss = self.diffusion.compute_loss(
+            batch, (normalizers or {}).get("mse"), reduction == "none"
+        )
         return loss, {}
