@@ -11,8 +11,8 @@ A save has two halves:
   JSON values. With ``--checkpoint_async=true`` every tensor the loop would go on to change is
   copied to CPU memory here (pinned on CUDA; allocated by DCP's ``DefaultStager`` at the first
   save, then refilled in place; allocated again when the state's layout changed): this copy is
-  the loop's only stall. A sharded async save
-  stages this rank's model shards instead of gathering the full model in the loop.
+  the loop's only stall. A sharded async save stages this rank's model shards instead of
+  gathering the full model in the loop.
 * **persist** (a background thread with async saves, else inline): each rank writes its DCP
   shards, the RNG states are gathered, a sharded async save assembles the full model on the
   main rank from the staged shards
