@@ -43,11 +43,21 @@ endif
 BENCH_VENV ?= .venv-bench
 BENCH_TORCH := torch==2.11.0 torchcodec==0.11.1
 
+# The torch range that pyproject.toml claims, tested on its ends: `make test-torch TORCH=2.11.0`
+# builds .venv-torch-2.11.0 (Python 3.11; PyPI's torch==$(TORCH), the CUDA build, which runs on
+# the CPU; no torchcodec, whose builds each pair with one torch: videos decode with PyAV) and runs
+# the tests marked torch_range in it (sharding, DCP, conversion, resume, async checkpoints, mixed
+# precision, EMA), torch's version printed first. .ci/run runs it for the oldest and the newest.
+TORCH ?=
+PY311 ?= python3.11
+TORCH_RANGE_EXTRAS ?= pipeline,dev
+
 # The venv's console scripts (snakemake, lerobot-train, lerobot-pipe) first on PATH, as after
 # `source .venv/bin/activate`; one thread per training process.
 VENV_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" OMP_NUM_THREADS=1
 
-.PHONY: run report unlock test test-fast lint gpu-check venv slurm-plugin lerobot-venv bench-venv clean
+.PHONY: run report unlock test test-fast test-torch lint gpu-check venv slurm-plugin lerobot-venv \
+	bench-venv clean
 
 # torch and torchcodec first, from TORCH_INDEX (only they: --no-deps, their dependencies come with
 # the second install, from the usual indexes).
@@ -87,6 +97,31 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	touch $@
 
 bench-venv: $(BENCH_VENV)/.installed
+
+# torch first, alone, so that a version pip cannot install fails on its own line. The version
+# named is the one installed: a machine-wide pip constraint file (PIP_CONSTRAINT or pip.conf's
+# `constraint`; some machines cap torch's version there) does not apply to these venvs.
+.venv-torch-%/.installed: pyproject.toml
+	test -x .venv-torch-$*/bin/python || $(PY311) -m venv .venv-torch-$*
+	.venv-torch-$*/bin/python -m pip install --quiet --upgrade pip
+	PIP_CONSTRAINT=/dev/null .venv-torch-$*/bin/python -m pip install --quiet --no-compile \
+		torch==$*
+	PIP_CONSTRAINT=/dev/null .venv-torch-$*/bin/python -m pip install --quiet --no-compile \
+		torch==$* -e '.[$(TORCH_RANGE_EXTRAS)]'
+	touch $@
+
+ifneq ($(TORCH),)
+test-torch: .venv-torch-$(TORCH)/.installed
+	@start=$$(date +%s); .venv-torch-$(TORCH)/bin/python -c \
+	"import torch; print(f'make test-torch: torch {torch.__version__} ({torch.__file__})')"; \
+	PATH="$(abspath .venv-torch-$(TORCH))/bin:$$PATH" OMP_NUM_THREADS=1 \
+	.venv-torch-$(TORCH)/bin/pytest -m torch_range $(PYTEST_ARGS); status=$$?; \
+	echo "make test-torch: torch $(TORCH), $$(( $$(date +%s) - start )) s, exit status $$status"; \
+	exit $$status
+else
+test-torch:
+	@echo "make test-torch: name the version, e.g. make test-torch TORCH=2.11.0" >&2; exit 2
+endif
 
 # A lock Snakemake left in .snakemake/locks after it was killed hard stops the next run: say what
 # to do (a failed run removes its own lock, so one still there belongs to another snakemake).

@@ -10,8 +10,9 @@ A save has two halves:
   training group; not in sharded async saves, see below), this rank's RNG state and the small
   JSON values. With ``--checkpoint_async=true`` every tensor the loop would go on to change is
   copied to CPU memory here (pinned on CUDA; allocated by DCP's ``DefaultStager`` at the first
-  save, then refilled in place): this copy is the loop's only stall. A sharded async save
-  stages this rank's model shards instead of gathering the full model in the loop.
+  save, then refilled in place; allocated again when the state's layout changed): this copy is
+  the loop's only stall. A sharded async save stages this rank's model shards instead of
+  gathering the full model in the loop.
 * **persist** (a background thread with async saves, else inline): each rank writes its DCP
   shards, the RNG states are gathered, a sharded async save assembles the full model on the
   main rank from the staged shards
@@ -156,17 +157,15 @@ class CheckpointWriter:
         self.gather_in_background = (
             async_save and sharded and self.distributed and self.write_safetensors
         )
-        self._stager: DefaultStager | None = None
+        self._staging: StagingOptions | None = None
         self._worker: ThreadPoolExecutor | None = None
         if async_save:
             cuda = torch.cuda.is_available()
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=cuda,
-                    use_shared_memory=False,
-                    use_async_staging=False,  # the loop may change the state once save returns
-                    use_non_blocking_copy=cuda,
-                )
+            self._staging = StagingOptions(
+                use_pinned_memory=cuda,
+                use_shared_memory=False,
+                use_async_staging=False,  # the loop may change the state once save returns
+                use_non_blocking_copy=cuda,
             )
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._staged: dict[tuple, torch.Tensor] | None = None  # reused from save to save
@@ -222,9 +221,6 @@ class CheckpointWriter:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
-        if self._stager is not None:
-            self._stager.close()
-            self._stager = None
         self._staged = None
 
     # ------------------------------------------------------------------ snapshot (in the loop)
@@ -268,7 +264,7 @@ class CheckpointWriter:
                 snap.scheduler = copy.deepcopy(state.scheduler.state_dict())
             if state.saves_scaler:
                 snap.scaler = scaler_state(state.scaler)
-        if self._stager is not None:
+        if self._staging is not None:
             self._stage(snap, state)
         fault_point("save:staged")
         return snap
@@ -290,7 +286,7 @@ class CheckpointWriter:
         parameters, buffers, optimizer state, the EMA shadow: the DCP state dicts are views of
         them, and so is a gather on one CPU process). Fresh CPU tensors (a gather's output
         elsewhere) and frozen parameters are a snapshot already and are not copied again."""
-        assert self._stager is not None
+        assert self._staging is not None
         live = _live_storages(state)
         trees = {
             attr: getattr(snap, attr)
@@ -314,8 +310,8 @@ class CheckpointWriter:
                 _local(staged[path]).copy_(_local(tensor), non_blocking=cuda)
             if cuda:
                 torch.cuda.synchronize()
-        else:  # first save: allocate (pinned on CUDA); one call keeps shared storage shared
-            staged = self._staged = self._stager.stage(wanted)
+        else:  # first save, or a new layout: allocate (pinned on CUDA)
+            staged = self._staged = _allocate_copies(wanted, self._staging)
         # New dicts along the way: the state dicts hold the optimizer's own per-parameter dicts.
         for attr, tree in _with(trees, staged).items():
             setattr(snap, attr, tree)
@@ -451,6 +447,25 @@ class CheckpointWriter:
             log.info(
                 "Removed checkpoint %s (--checkpoint_keep_last=%d)", removed.name, self.keep_last
             )
+
+
+def _allocate_copies(
+    tensors: dict[tuple, torch.Tensor], options: StagingOptions
+) -> dict[tuple, torch.Tensor]:
+    """CPU copies of ``tensors`` (pinned memory on CUDA) from one ``DefaultStager.stage`` call,
+    which keeps storage shared between tensors shared in the copies.
+
+    A stager per call, on every torch: torch 2.11 and 2.12's stager empties its copy dispatch
+    table at the end of each ``stage`` call (pytorch #183413, fixed in 2.13), so a second call on
+    the same stager fails with ``KeyError: <class 'type'>``. Nothing is lost by a new one: the
+    writer keeps the copies itself and refills them in place (:meth:`CheckpointWriter._stage`),
+    the stager's storage cache would only be reused on a layout change, and closing the stager
+    leaves the copies' pinned memory pinned until the copies themselves are freed."""
+    stager = DefaultStager(options)
+    try:
+        return stager.stage(tensors)
+    finally:
+        stager.close()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

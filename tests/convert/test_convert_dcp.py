@@ -24,6 +24,8 @@ from lerobot_pipe.convert import (
 from lerobot_pipe.convert import dcp_to_safetensors as mod
 from lerobot_pipe.policies.locate import pretrained_dir
 
+pytestmark = pytest.mark.torch_range
+
 
 def _assert_same_tensors(path: Path, reference: Path) -> None:
     got, want = load_file(str(path)), load_file(str(reference))

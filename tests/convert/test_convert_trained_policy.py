@@ -15,6 +15,8 @@ from lerobot_pipe.policies.act import ACTPolicy
 from lerobot_pipe.policies.peft import load_pretrained_policy
 from lerobot_pipe.processors import make_pre_post_processors
 
+pytestmark = pytest.mark.torch_range
+
 
 def _batch(dataset_root):
     from lerobot_pipe.datasets import LeRobotDataset

@@ -24,6 +24,8 @@ from lerobot_pipe.convert import (
 )
 from lerobot_pipe.convert import dcp_to_safetensors as mod
 
+pytestmark = pytest.mark.torch_range
+
 
 def _pretrained(step: Path) -> Path:
     return step / C.PRETRAINED_MODEL_DIR

@@ -19,6 +19,8 @@ from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.training.preflight import make_plan
 from lerobot_pipe.training.train import prepare_session, run_loop
 
+pytestmark = pytest.mark.torch_range
+
 K, TOTAL = 2, 4
 # Plain SGD: Adam's first updates (~lr x the gradient's sign) turn the reduction order's rounding
 # into weight differences of 1e-4; SGD keeps the live weights of the topologies within 1e-6.

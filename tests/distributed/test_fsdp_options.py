@@ -8,6 +8,8 @@ import pytest
 from launch import run_distributed
 from tiny import DETERMINISTIC, losses, run_train, tiny_act_flags
 
+pytestmark = pytest.mark.torch_range
+
 
 @pytest.fixture(scope="module")
 def ddp_curve(dataset_root, tmp_path_factory):

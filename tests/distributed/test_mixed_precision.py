@@ -11,6 +11,8 @@ from tiny import losses, run_train, tiny_act_flags
 
 from lerobot_pipe.checkpoint.manifest import file_manifest
 
+pytestmark = pytest.mark.torch_range
+
 
 @pytest.mark.parametrize(
     ("precision", "parallel"),

@@ -17,6 +17,8 @@ from lerobot_pipe.policies.peft import load_pretrained_policy
 from lerobot_pipe.training.preflight import make_plan
 from lerobot_pipe.training.train import prepare_session, run_loop
 
+pytestmark = pytest.mark.torch_range
+
 TOPOLOGIES = {
     "single": (1, 8, []),
     "ddp2": (2, 4, []),

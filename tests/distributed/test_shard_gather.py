@@ -4,6 +4,7 @@ full_tensor() bit for bit, on a process group of its own."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from launch import run_distributed
@@ -12,6 +13,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 from lerobot_pipe.checkpoint.gather import gather_full_tensors
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
+
+pytestmark = pytest.mark.torch_range
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -16,6 +16,8 @@ from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.training.preflight import make_plan
 from lerobot_pipe.training.train import prepare_session, run_loop
 
+pytestmark = pytest.mark.torch_range
+
 # name -> (world size, per-rank batch, flags). Global batch is 8 everywhere.
 TOPOLOGIES = {
     "single": (

@@ -14,6 +14,8 @@ from lerobot_pipe.configs.train import FSDPConfig
 from lerobot_pipe.distributed.parallelize import check_shared_parameters, select_wrap_units
 from lerobot_pipe.scripts.train import main as train_main
 
+pytestmark = pytest.mark.torch_range
+
 
 class Block(nn.Module):
     def __init__(self, shared: nn.Linear | None = None):

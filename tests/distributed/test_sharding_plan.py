@@ -15,6 +15,8 @@ from lerobot_pipe.distributed.runtime import DistEnv
 from lerobot_pipe.policies.factory import make_policy
 from lerobot_pipe.training.preflight import make_plan
 
+pytestmark = pytest.mark.torch_range
+
 
 def test_make_plan_plans_the_sharding_and_the_launch_applies_it(
     dataset_root, tmp_path, monkeypatch

@@ -16,6 +16,8 @@ from lerobot_pipe.configs.parser import ConfigError
 from lerobot_pipe.distributed.parallelize import plan_sharding
 from lerobot_pipe.distributed.unit_probe import find_bypassed_modules
 
+pytestmark = pytest.mark.torch_range
+
 
 class Block(nn.Module):
     def __init__(self) -> None:

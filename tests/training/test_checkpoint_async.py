@@ -11,7 +11,9 @@ import shutil
 import time
 
 import pytest
+import torch
 from launch import run_distributed
+from safetensors.torch import load_file, save_file
 from tiny import WITH_SCHEDULER, run_train, tiny_act_flags
 
 from lerobot_pipe.checkpoint.layout import (
@@ -19,6 +21,10 @@ from lerobot_pipe.checkpoint.layout import (
     list_complete_checkpoints,
     prune_checkpoints,
 )
+from lerobot_pipe.checkpoint.stateful import TrainState
+from lerobot_pipe.checkpoint.writer import CheckpointWriter
+
+pytestmark = pytest.mark.torch_range
 
 MODES = {
     "ddp": ["--checkpoint_format=safetensors"],
@@ -211,3 +217,75 @@ def test_retention_never_deletes_what_last_points_to(tmp_path):
     assert [p.name for p in removed] == ["000001", "000003"]
     assert [p.name for p in list_complete_checkpoints(tmp_path)] == ["000002", "000004"]
     assert sorted(p.name for p in ckpts.iterdir()) == ["000002", "000004", "last"]
+
+
+class _LateBranch(torch.nn.Module):
+    """Two layers; the second one joins the loss only from the second step on, so the optimizer
+    holds no state for it at the first save (Adam keeps none for a parameter without a
+    gradient yet)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(3, 3)
+        self.b = torch.nn.Linear(3, 3)
+
+    def forward(self, x, step):
+        return self.b(self.a(x)) if step > 1 else self.a(x)
+
+
+def _save_late_branch_run(out, async_save):
+    """Two saves of one writer, the optimizer's state growing in between: the async writer
+    stages its CPU copies a second time (torch 2.11 / 2.12's stager did not survive that)."""
+    torch.manual_seed(0)
+    model = _LateBranch()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+
+    def pretrained(directory, full_state):
+        save_file(full_state, directory / "model.safetensors")
+
+    state = TrainState.build(model, optimizer, pretrained)
+    writer = CheckpointWriter(
+        out,
+        total_steps=2,
+        checkpoint_format="safetensors",
+        sharded=False,
+        run_info={},
+        async_save=async_save,
+    )
+    try:
+        for step in (1, 2):
+            model(torch.ones(2, 3), step).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            state.progress.step = step
+            writer.save(state)
+    finally:
+        writer.close()
+    return writer
+
+
+def test_async_saves_restage_when_the_state_grows(tmp_path):
+    _save_late_branch_run(tmp_path / "sync", async_save=False)
+    writer = _save_late_branch_run(tmp_path / "async", async_save=True)
+    assert writer.staged_bytes > 0
+    for step in ("000001", "000002"):
+        sync = tmp_path / "sync/checkpoints" / step
+        asynchronous = tmp_path / "async/checkpoints" / step
+        assert is_complete(asynchronous), step
+        files = {
+            p.relative_to(asynchronous).as_posix(): p.read_bytes()
+            for p in sorted(asynchronous.rglob("*"))
+            if p.is_file()
+        }
+        assert files == {
+            p.relative_to(sync).as_posix(): p.read_bytes()
+            for p in sorted(sync.rglob("*"))
+            if p.is_file()
+        }, step
+    step2 = load_file(
+        tmp_path / "async/checkpoints/000002/training_state/optimizer_state.safetensors"
+    )
+    step1 = load_file(
+        tmp_path / "async/checkpoints/000001/training_state/optimizer_state.safetensors"
+    )
+    assert len(step2) > len(step1)  # the second save holds the state the first one had not

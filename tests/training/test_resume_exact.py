@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from launch import run_distributed
 from safetensors.torch import load_file
 from tiny import DETERMINISTIC, losses, run_train, tiny_act_flags
+
+pytestmark = pytest.mark.torch_range
 
 
 def _tensors(step_dir, rel):
