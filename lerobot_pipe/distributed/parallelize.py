@@ -19,6 +19,7 @@ from torch.distributed.fsdp import (
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
+    register_fsdp_forward_method,
 )
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
@@ -29,6 +30,7 @@ from lerobot_pipe.configs.train import AcceleratorConfig, FSDPConfig
 from lerobot_pipe.distributed.batch_norm import convert_sync_batch_norm
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.runtime import DistEnv
+from lerobot_pipe.distributed.unit_probe import UNIT_ENTRY, has_unit_entry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PRECISION_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -269,7 +271,10 @@ def apply_fsdp(
     unit_policy = sharding.mp_policy
     # Nested units (min_num_params) are sharded innermost first, as FSDP2 requires.
     for name in sorted(sharding.wrap_units, key=lambda unit: -unit.count(".")):
-        fully_shard(model.get_submodule(name), mp_policy=unit_policy, **kwargs)
+        unit = model.get_submodule(name)
+        fully_shard(unit, mp_policy=unit_policy, **kwargs)
+        if has_unit_entry(unit):  # its work runs through its entry, not its forward
+            register_fsdp_forward_method(unit, UNIT_ENTRY)
     # output_dtype on every unit would feed the next unit's LayerNorm fp32: set it on the root only.
     root_policy = MixedPrecisionPolicy(
         param_dtype=unit_policy.param_dtype,
@@ -279,7 +284,27 @@ def apply_fsdp(
         cast_forward_inputs=unit_policy.cast_forward_inputs,
     )
     fully_shard(model, mp_policy=root_policy, **kwargs)
+    register_inference_methods(model)
     return model
+
+
+INFERENCE_METHODS = ("predict_action_chunk", "select_action")
+
+
+def register_inference_methods(root: nn.Module) -> None:
+    """The policy's inference methods gather the root unit as its forward does (each unit below
+    gathers on its own forward or entry), so that a sharded policy acts: on the policy itself,
+    or, under PEFT, on the PeftModel root with the wrapped policy's methods pointing at them."""
+    policy = root.get_base_model() if hasattr(root, "get_base_model") else root
+    for name in INFERENCE_METHODS:
+        if not callable(getattr(type(policy), name, None)):
+            continue
+        if policy is root:
+            register_fsdp_forward_method(root, name)
+            continue
+        root.__dict__[name] = getattr(policy, name)  # PeftModel forwards other names itself
+        register_fsdp_forward_method(root, name)
+        policy.__dict__[name] = root.__dict__[name]
 
 
 def apply_parallelism(

@@ -264,9 +264,10 @@ class SmolVLAPolicy(PreTrainedPolicy):
 
     config_class = SmolVLAConfig
     name = "smolvla"
-    # The vision tower's layers (their forward runs). The VLM's and the expert's
-    # LlamaDecoderLayers are not units: their own forward never runs (vlm_expert.py).
-    _fsdp_wrap_modules = ["SmolVLMEncoderLayer"]
+    # The vision tower's layers (their forward runs) and the VLM's and the expert's decoder
+    # layers (their own forward never runs: their work runs through their unit entries,
+    # vlm_expert.py).
+    _fsdp_wrap_modules = ["SmolVLMEncoderLayer", "LlamaDecoderLayer"]
     _peft_target_modules: list[str] = []
 
     def __init__(self, config: SmolVLAConfig, *, pretrained_parts: bool = True) -> None:
