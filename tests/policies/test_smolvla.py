@@ -193,9 +193,7 @@ def test_the_decoder_layers_run_through_their_unit_entries(tiny_vlm, monkeypatch
         "observation.language.attention_mask": torch.ones(2, 5, dtype=torch.bool),
     }
     train_batch = {**batch, "action": torch.randn(2, 4, 2)}
-    entries = [
-        (name, m) for name, m in policy.named_modules() if unit_probe.has_unit_entry(m)
-    ]
+    entries = [(name, m) for name, m in policy.named_modules() if unit_probe.has_unit_entry(m)]
     assert [type(m).__name__ for _, m in entries] == ["LlamaDecoderLayer"] * 4
 
     def probe():

@@ -268,7 +268,12 @@ class SmolVLAPolicy(PreTrainedPolicy):
     # layers (their own forward never runs: their work runs through their unit entries,
     # vlm_expert.py).
     _fsdp_wrap_modules = ["SmolVLMEncoderLayer", "LlamaDecoderLayer"]
-    _peft_target_modules: list[str] = []
+    # LeRobot's default SmolVLA LoRA targets: the expert's q/v projections and the five heads
+    # (a regex over full module names, as peft reads a string).
+    _peft_target_modules = (
+        r"(model\.vlm_with_expert\.lm_expert\..*\.(q|v)_proj|model\.(state_proj|action_in_proj"
+        r"|action_out_proj|action_time_mlp_in|action_time_mlp_out))"
+    )
 
     def __init__(self, config: SmolVLAConfig, *, pretrained_parts: bool = True) -> None:
         super().__init__(config, pretrained_parts=pretrained_parts)
