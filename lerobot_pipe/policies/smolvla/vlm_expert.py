@@ -226,9 +226,12 @@ class SmolVLMWithExpert(nn.Module):
 
     @staticmethod
     def _finish(layer: nn.Module, attended: Tensor, hidden: Tensor) -> Tensor:
-        """Output projection, residual, MLP, residual."""
-        out = layer.self_attn.o_proj(attended.to(layer.self_attn.o_proj.weight.dtype)) + hidden
-        return layer.mlp(layer.post_attention_layernorm(out)) + out
+        """Output projection, residual, MLP, residual; each sum in the projection's dtype, as
+        LeRobot's in-place sums give it (a bf16 layer keeps a float32 residual stream in bf16)."""
+        out = layer.self_attn.o_proj(attended.to(layer.self_attn.o_proj.weight.dtype))
+        out = (out + hidden).to(out.dtype)
+        mlp = layer.mlp(layer.post_attention_layernorm(out))
+        return (mlp + out).to(mlp.dtype)
 
     def _cross_expert(
         self,
