@@ -1,8 +1,8 @@
 """SmolVLA under FSDP2 and HSDP on real gloo process groups (issue #20, items 5 and 6).
 
 Every decoder layer (VLM and expert) and every vision layer is a unit; the decoder layers' work
-runs through their unit entries (vlm_expert.py). Shown here: FSDP2 and HSDP train as one
-process (fp32, same global batch, noise and flow times from the sample keys) and act as one
+runs through their unit entries (vlm_expert.py). Shown here: FSDP2 (the declared units, and
+the size policy's) and HSDP train as one process (fp32, same global batch, noise and flow times from the sample keys) and act as one
 process (``predict_action_chunk`` and ``select_action`` from fixed noise); each rank holds half
 of every layer unit; a checkpoint reshards bit-exactly (FSDP2 2 -> 1 process, 1 -> FSDP2 2).
 Then a ``smolvla_base``-style checkpoint (bf16 VLM and expert, fp32 heads and swapped k/v
@@ -42,6 +42,18 @@ TOPOLOGIES = {
         2,
         2,
         ["--parallelism.dp_replicate=null", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"],
+    ),
+    # The size policy: here it chooses the VLM layers (entered units) with their MLPs as
+    # nested units, the expert layers' linears, passing over the attention modules.
+    "fsdp2-size": (
+        2,
+        2,
+        [
+            "--parallelism.dp_replicate=null",
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=dcp",
+            "--accelerator.fsdp.min_num_params=10000",
+        ],
     ),
     "hsdp": (
         4,
@@ -156,7 +168,7 @@ def sources(parts) -> dict[str, tuple[Path, list[dict]]]:
 
 def test_fsdp2_and_hsdp_train_and_act_as_one_process(sources):
     curves = {name: losses(out) for name, (out, _) in sources.items()}
-    for name in ("fsdp2", "hsdp"):
+    for name in ("fsdp2", "fsdp2-size", "hsdp"):
         assert curves[name].keys() == curves["single"].keys() == set(range(1, STEPS + 1))
         for step in curves["single"]:
             assert abs(curves[name][step] - curves["single"][step]) < 1e-5, (name, step)
