@@ -6,6 +6,7 @@ precision and offload policies. Everything else sees only the returned module.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
+    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
@@ -358,12 +360,30 @@ def register_inference_methods(root: nn.Module) -> None:
     for name in INFERENCE_METHODS:
         if not callable(getattr(type(policy), name, None)):
             continue
-        if policy is root:
-            register_fsdp_forward_method(root, name)
-            continue
-        root.__dict__[name] = getattr(policy, name)  # PeftModel forwards other names itself
+        if policy is not root:
+            root.__dict__[name] = getattr(policy, name)  # PeftModel forwards other names itself
         register_fsdp_forward_method(root, name)
-        policy.__dict__[name] = root.__dict__[name]
+        root.__dict__[name] = _resharding(root, root.__dict__[name])
+        if policy is not root:
+            policy.__dict__[name] = root.__dict__[name]
+
+
+def _resharding(root: nn.Module, method):
+    """``method``, then every unit resharded: a forward without gradients leaves the units that
+    do not reshard after forward (``--accelerator.fsdp.reshard_after_forward=false``, and the
+    root) gathered, with no backward to reshard them, and training after it went wrong (FSDP2
+    then skips the next gather)."""
+
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        finally:
+            for module in root.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+
+    return run
 
 
 def apply_parallelism(
