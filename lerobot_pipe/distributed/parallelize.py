@@ -6,6 +6,7 @@ precision and offload policies. Everything else sees only the returned module.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
+    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
+    register_fsdp_forward_method,
 )
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
@@ -29,6 +32,7 @@ from lerobot_pipe.configs.train import AcceleratorConfig, FSDPConfig
 from lerobot_pipe.distributed.batch_norm import convert_sync_batch_norm
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.runtime import DistEnv
+from lerobot_pipe.distributed.unit_probe import UNIT_ENTRY, has_unit_entry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PRECISION_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -127,7 +131,7 @@ def check_shared_parameters(model: nn.Module, units: list[tuple[str, nn.Module]]
     unit_names = [name for name, _ in units]
     first_seen: dict[int, tuple[str, str]] = {}
     for full_name, p in model.named_parameters(remove_duplicate=False):
-        unit = max((u for u in unit_names if full_name.startswith(u + ".")), key=len, default="")
+        unit = _unit_of(full_name, unit_names)
         other_name, other_unit = first_seen.setdefault(id(p), (full_name, unit))
         if other_unit != unit:
             raise ConfigError(
@@ -136,6 +140,50 @@ def check_shared_parameters(model: nn.Module, units: list[tuple[str, nn.Module]]
                 "must sit in one unit: choose wrap units that contain both "
                 "(--accelerator.fsdp.wrap_modules) or untie them"
             )
+
+
+def _unit_of(full_name: str, unit_names: list[str]) -> str:
+    """The innermost unit above a parameter ('' for the root)."""
+    return max((u for u in unit_names if full_name.startswith(u + ".")), key=len, default="")
+
+
+def check_unit_dtypes(
+    model: nn.Module,
+    units: list[tuple[str, nn.Module]],
+    mp_policy: MixedPrecisionPolicy,
+    ignored_modules: list[str] = (),
+) -> None:
+    """Without a mixed-precision policy FSDP2 reduces each unit's gradients in their own dtype,
+    one dtype per unit: a unit whose trainable parameters mix dtypes (a bf16 base with fp32
+    heads, smolvla_base) is refused before the first step, naming it and the flag. With one,
+    every trainable parameter is kept in float32 (apply_fsdp), frozen ones keep theirs."""
+    if mp_policy.param_dtype is not None:
+        return
+    unit_names = [name for name, _ in units]
+    seen: dict[str, dict[torch.dtype, str]] = {}
+    for full_name, p in model.named_parameters():
+        if p.requires_grad and not any(full_name.startswith(m + ".") for m in ignored_modules):
+            seen.setdefault(_unit_of(full_name, unit_names), {}).setdefault(p.dtype, full_name)
+    for unit, dtypes in seen.items():
+        if len(dtypes) > 1:
+            shown = ", ".join(
+                f"{name} is {str(d).removeprefix('torch.')}" for d, name in dtypes.items()
+            )
+            raise ConfigError(
+                f"FSDP2 unit {unit or '(the root)'}: its trainable parameters mix dtypes ({shown}), "
+                "and FSDP2 reduces one gradient dtype per unit; pass "
+                "--accelerator.mixed_precision=bf16 (trainable parameters are then kept in "
+                "float32, frozen ones in their dtype)"
+            )
+
+
+def keep_trainable_in_float32(model: nn.Module) -> None:
+    """Under a mixed-precision policy: every trainable floating parameter in float32 (the
+    optimizer's master copy, checkpointed so); frozen ones keep their dtype."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
 
 
 def mixed_precision_policy(accelerator: AcceleratorConfig) -> MixedPrecisionPolicy:
@@ -185,6 +233,9 @@ def build_mesh(dims: ParallelDims, env: DistEnv) -> DeviceMesh:
     return init_device_mesh(env.device.type, (dims.dp_shard,), mesh_dim_names=("dp_shard",))
 
 
+PEFT_PREFIX = "base_model.model."  # PeftModel's path to the policy
+
+
 def ignored_module_names(model: nn.Module, pattern: str | None) -> list[str]:
     """The modules (with parameters) whose names ``--accelerator.fsdp.ignored_modules`` matches."""
     if not pattern:
@@ -201,8 +252,15 @@ def ignored_module_names(model: nn.Module, pattern: str | None) -> list[str]:
         if n and regex.search(n) and next(m.parameters(), None) is not None
     ]
     if not names:
+        hint = ""
+        if any(n.startswith(PEFT_PREFIX) for n, _ in model.named_modules()):
+            hint = (
+                f"; with --peft.* module names start with {PEFT_PREFIX!r} (e.g. "
+                f"{PEFT_PREFIX}model.state_proj): start the pattern with '.*'"
+            )
         raise ConfigError(
-            f"--accelerator.fsdp.ignored_modules={pattern!r} matches no module with parameters"
+            f"--accelerator.fsdp.ignored_modules={pattern!r} matches no module with "
+            f"parameters{hint}"
         )
     return names
 
@@ -240,11 +298,14 @@ def plan_sharding(
     passed_over: list[str] = []
     units = select_wrap_units(model, accelerator.fsdp, policy_wrap_modules, bypassed, passed_over)
     check_shared_parameters(model, units)
+    mp_policy = mixed_precision_policy(accelerator)
+    ignored = ignored_module_names(model, accelerator.fsdp.ignored_modules)
+    check_unit_dtypes(model, units, mp_policy, ignored)
     return ShardingPlan(
         wrap_units=tuple(name for name, _ in units),
         passed_over=tuple(passed_over),
-        ignored_modules=tuple(ignored_module_names(model, accelerator.fsdp.ignored_modules)),
-        mp_policy=mixed_precision_policy(accelerator),
+        ignored_modules=tuple(ignored),
+        mp_policy=mp_policy,
     )
 
 
@@ -267,9 +328,14 @@ def apply_fsdp(
         "ignored_params": ignored or None,
     }
     unit_policy = sharding.mp_policy
+    if unit_policy.param_dtype is not None:
+        keep_trainable_in_float32(model)
     # Nested units (min_num_params) are sharded innermost first, as FSDP2 requires.
     for name in sorted(sharding.wrap_units, key=lambda unit: -unit.count(".")):
-        fully_shard(model.get_submodule(name), mp_policy=unit_policy, **kwargs)
+        unit = model.get_submodule(name)
+        fully_shard(unit, mp_policy=unit_policy, **kwargs)
+        if has_unit_entry(unit):  # its work runs through its entry, not its forward
+            register_fsdp_forward_method(unit, UNIT_ENTRY)
     # output_dtype on every unit would feed the next unit's LayerNorm fp32: set it on the root only.
     root_policy = MixedPrecisionPolicy(
         param_dtype=unit_policy.param_dtype,
@@ -279,7 +345,45 @@ def apply_fsdp(
         cast_forward_inputs=unit_policy.cast_forward_inputs,
     )
     fully_shard(model, mp_policy=root_policy, **kwargs)
+    register_inference_methods(model)
     return model
+
+
+INFERENCE_METHODS = ("predict_action_chunk", "select_action")
+
+
+def register_inference_methods(root: nn.Module) -> None:
+    """The policy's inference methods gather the root unit as its forward does (each unit below
+    gathers on its own forward or entry), so that a sharded policy acts: on the policy itself,
+    or, under PEFT, on the PeftModel root with the wrapped policy's methods pointing at them."""
+    policy = root.get_base_model() if hasattr(root, "get_base_model") else root
+    for name in INFERENCE_METHODS:
+        if not callable(getattr(type(policy), name, None)):
+            continue
+        if policy is not root:
+            root.__dict__[name] = getattr(policy, name)  # PeftModel forwards other names itself
+        register_fsdp_forward_method(root, name)
+        root.__dict__[name] = _resharding(root, root.__dict__[name])
+        if policy is not root:
+            policy.__dict__[name] = root.__dict__[name]
+
+
+def _resharding(root: nn.Module, method):
+    """``method``, then every unit resharded: a forward without gradients leaves the units that
+    do not reshard after forward (``--accelerator.fsdp.reshard_after_forward=false``, and the
+    root) gathered, with no backward to reshard them, and training after it went wrong (FSDP2
+    then skips the next gather)."""
+
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        finally:
+            for module in root.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+
+    return run
 
 
 def apply_parallelism(

@@ -13,12 +13,21 @@ used while the module's own forward was not running is *bypassed* and cannot be 
 A run on the meta device cannot do this (models call ``.item()``, samplers draw numbers): the
 probe runs on the real, still unsharded model on each rank, with the RNG states, buffers and
 policy queues saved and restored around it, so training proceeds exactly as without it.
+
+A model whose layers are not called as modules can still make them units: it gives each such
+module a *unit entry* (:func:`add_unit_entry`, an instance method ``run_as_unit(fn, *args)`` that
+calls ``fn(*args)``; no new module, so no parameter name changes) and runs the layer's work
+through it. FSDP2 registers the entry as a forward method of the unit
+(``register_fsdp_forward_method``: parallelize.py), so it gathers the unit around the call, and
+the probe counts the module as running while its entry runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
+import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -109,6 +118,25 @@ def _parameter_owners(model: nn.Module) -> dict[int, list[tuple[str, list[tuple[
     return owners
 
 
+UNIT_ENTRY = "run_as_unit"
+
+
+def _run_as_unit(self: nn.Module, fn: Callable, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+def add_unit_entry(module: nn.Module) -> None:
+    """Give ``module`` the unit entry ``module.run_as_unit(fn, *args, **kwargs)``, which returns
+    ``fn(*args, **kwargs)``: code that uses the module's parts without calling the module runs
+    through it, and the module can be an FSDP2 unit (its entry is a registered forward method).
+    An instance attribute that is no module: parameter and state-dict names stay as they are."""
+    module.__dict__[UNIT_ENTRY] = types.MethodType(_run_as_unit, module)
+
+
+def has_unit_entry(module: nn.Module) -> bool:
+    return UNIT_ENTRY in module.__dict__
+
+
 @contextlib.contextmanager
 def _track_forwards(model: nn.Module, active: Counter) -> Iterator[None]:
     def enter(module, args):
@@ -117,15 +145,32 @@ def _track_forwards(model: nn.Module, active: Counter) -> Iterator[None]:
     def leave(module, args, output):
         active[id(module)] -= 1
 
-    handles = []
+    def counted(module: nn.Module, entry: Callable) -> Callable:
+        @functools.wraps(entry)
+        def run(*args, **kwargs):
+            active[id(module)] += 1
+            try:
+                return entry(*args, **kwargs)
+            finally:
+                active[id(module)] -= 1
+
+        return run
+
+    handles, entries = [], []
     for module in model.modules():
         handles.append(module.register_forward_pre_hook(enter))
         handles.append(module.register_forward_hook(leave, always_call=True))
+        if has_unit_entry(module):
+            entry = module.__dict__[UNIT_ENTRY]
+            entries.append((module, entry))
+            module.__dict__[UNIT_ENTRY] = counted(module, entry)
     try:
         yield
     finally:
         for handle in handles:
             handle.remove()
+        for module, entry in entries:
+            module.__dict__[UNIT_ENTRY] = entry
 
 
 @contextlib.contextmanager
@@ -157,7 +202,8 @@ def find_bypassed_modules(
     own ``forward`` is not running, each with one such parameter's name, in model order.
 
     ``entry_points`` call the model (its training forward, ``select_action``, ...) without
-    gradients; the root itself counts as running throughout (FSDP2's root unit gathers on the
+    gradients; a module counts as running while its forward or its unit entry
+    (:func:`add_unit_entry`) runs; the root itself counts as running throughout (FSDP2's root unit gathers on the
     training forward and on the inference methods registered with it). ``reset`` (the policy's
     ``reset``) empties action queues afterwards. RNGs, buffers and train/eval modes are
     restored.

@@ -29,7 +29,8 @@ def apply_peft(policy: PreTrainedPolicy, peft_cfg: PeftConfig, base_path: str | 
 
     if peft_cfg.method_type != "LORA":
         raise ValueError(f"--peft.method_type={peft_cfg.method_type!r}: only LORA is supported")
-    targets = peft_cfg.target_modules or list(type(policy)._peft_target_modules)
+    declared = type(policy)._peft_target_modules  # names, or one regex over full names
+    targets = peft_cfg.target_modules or (declared if isinstance(declared, str) else list(declared))
     names = [name for name, _ in policy.named_modules() if name]
     present = {name.rsplit(".", 1)[-1] for name in names}
     # peft's rule: a target names a module, or the end of its dotted path ("cond_encoder.1").

@@ -282,7 +282,7 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
     # Class names of the submodules that become FSDP2 wrap units.
     _fsdp_wrap_modules: ClassVar[list[str]] = []
     # Module names LoRA adapts when --peft.target_modules is not given.
-    _peft_target_modules: ClassVar[list[str]] = []
+    _peft_target_modules: ClassVar[list[str] | str] = []
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

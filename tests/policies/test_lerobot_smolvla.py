@@ -236,6 +236,9 @@ def runs(tmp_path_factory, upstream_env) -> dict:
          "stats": {k: {s: v.tolist() for s, v in d.items()} for k, d in dataset_stats(root).items()},
          "out_dir": str(tmp / "lerobot_for_our_data")},
         {"kind": "tasks", "root": str(root), "indices": TASK_INDICES},
+        {"kind": "run", "policy_dir": str(tmp / "lerobot_bf16"),
+         "inputs": str(tmp / "inputs.safetensors"), "tasks": TASKS,
+         "out": str(tmp / "lerobot_on_bf16.safetensors")},
     ]  # fmt: skip
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     UPSTREAM.run_script(
@@ -259,6 +262,8 @@ def runs(tmp_path_factory, upstream_env) -> dict:
         "file_keys_ours": sorted(load_file(str(mine / "model.safetensors"))),
         "file_keys_trained": sorted(load_file(str(trained / "model.safetensors"))),
         "bf16": results[5],
+        "on_bf16": {**load_file(str(tmp / "lerobot_on_bf16.safetensors")), **results[8]},
+        "ours_on_bf16": ours(tmp / "lerobot_bf16", inputs),
         "bf16_dir": tmp / "lerobot_bf16",
         "bf16_config": bf16_cfg,
         "vlm_weights": vlm_weights,
@@ -345,6 +350,16 @@ def test_vlm_weights_load_in_bf16_as_lerobot_and_checkpoints_rebuild_without_the
     state = loaded.state_dict()
     assert {k: str(v.dtype) for k, v in state.items()} == theirs
     assert all(torch.equal(state[k], saved[k]) for k in saved)
+
+
+def test_same_loss_and_actions_on_a_bf16_checkpoint(runs):
+    """LeRobot's smolvla_base-style policy (bf16 VLM and expert, fp32 heads and k/v), loaded
+    here: the same loss from the same noise and time and the same actions as LeRobot's, in its
+    mixed precision (a bf16 layer's residual sums in bf16, as LeRobot's in-place sums)."""
+    lerobot, mine = runs["on_bf16"], runs["ours_on_bf16"]
+    assert torch.equal(lerobot["tokens"], mine["tokens"])
+    for key in ("loss", "per_sample", "actions", "actions_post"):
+        torch.testing.assert_close(mine[key], lerobot[key], rtol=1e-5, atol=1e-5, msg=key)
 
 
 def test_dataset_items_carry_lerobots_task_strings(runs):

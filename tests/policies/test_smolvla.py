@@ -176,9 +176,12 @@ def test_sampler_shapes_and_queue(tiny_vlm):
     assert not torch.allclose(per_sample, swapped)
 
 
-def test_the_decoder_layers_forward_never_runs(tiny_vlm):
-    """Why LlamaDecoderLayer is no wrap unit: SmolVLA calls its submodules directly, in training
-    and in inference; the vision tower's layers (the declared units) do run."""
+def test_the_decoder_layers_run_through_their_unit_entries(tiny_vlm, monkeypatch):
+    """SmolVLA calls a decoder layer's parts directly, in training and in inference (the layer's
+    forward never runs), through the layer's unit entry: every declared unit counts as running
+    (its LlamaAttention, never called, does not); without the entries every decoder layer would
+    be bypassed."""
+    from lerobot_pipe.distributed import unit_probe
     from lerobot_pipe.distributed.unit_probe import find_bypassed_modules
     from lerobot_pipe.policies.smolvla import SmolVLAPolicy
 
@@ -190,17 +193,27 @@ def test_the_decoder_layers_forward_never_runs(tiny_vlm):
         "observation.language.attention_mask": torch.ones(2, 5, dtype=torch.bool),
     }
     train_batch = {**batch, "action": torch.randn(2, 4, 2)}
-    bypassed = find_bypassed_modules(
-        policy,
-        lambda: policy(train_batch),
-        lambda: policy.select_action(batch),
-        reset=policy.reset,
-    )
+    entries = [(name, m) for name, m in policy.named_modules() if unit_probe.has_unit_entry(m)]
+    assert [type(m).__name__ for _, m in entries] == ["LlamaDecoderLayer"] * 4
+
+    def probe():
+        return find_bypassed_modules(
+            policy,
+            lambda: policy(train_batch),
+            lambda: policy.select_action(batch),
+            reset=policy.reset,
+        )
+
+    bypassed = probe()
     classes = {type(policy.get_submodule(name)).__name__ for name in bypassed}
-    assert "LlamaDecoderLayer" in classes
+    assert not classes & set(SmolVLAPolicy._fsdp_wrap_modules), bypassed
+    assert "model.vlm_with_expert.lm_expert.layers.0.self_attn" in bypassed
+    # The entries are what makes the layers count: a probe that does not see them finds every
+    # decoder layer bypassed.
+    monkeypatch.setattr(unit_probe, "has_unit_entry", lambda module: False)
+    bypassed = probe()
     assert "model.vlm_with_expert.lm_expert.layers.0" in bypassed
     assert "model.vlm_with_expert.vlm.model.text_model.layers.1" in bypassed
-    assert not classes & set(SmolVLAPolicy._fsdp_wrap_modules)
 
 
 def test_train_run_checkpoint_reloads(tiny_vlm, tmp_path):

@@ -155,7 +155,7 @@ class VLAFlowMatching(nn.Module):
                 add(end, torch.ones(end.shape[:2], dtype=torch.bool, device=image.device), 0)
         words = vlm.embed_tokens(tokens)
         add(words * math.sqrt(words.shape[-1]), token_mask, 0)
-        state_emb = self.state_proj(state)
+        state_emb = self.state_proj(state.to(self.state_proj.weight.dtype))
         if state_emb.dim() == 2:
             state_emb = state_emb[:, None]
         add(state_emb, torch.ones(state_emb.shape[:2], dtype=torch.bool, device=state.device), 1)
@@ -172,7 +172,8 @@ class VLAFlowMatching(nn.Module):
     def embed_suffix(self, noisy: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(embeddings, pad mask, block starts) of the noisy chunk fused with the flow time;
         every action token starts its own block (causal among actions)."""
-        actions = self.action_in_proj(noisy)
+        # Each head reads its input in its own dtype (bf16 under FSDP2's mixed precision).
+        actions = self.action_in_proj(noisy.to(self.action_in_proj.weight.dtype))
         width = self.vlm_with_expert.expert_hidden_size
         cfg = self.config
         times = time_embedding(t, width, cfg.min_period, cfg.max_period).to(actions.dtype)
@@ -184,6 +185,13 @@ class VLAFlowMatching(nn.Module):
         return fused, pad, block
 
     # --- loss and sampler ---------------------------------------------------------------------
+
+    def _velocity(self, out: Tensor) -> Tensor:
+        """The expert's output through ``action_out_proj``, in float32. The head reads it in its
+        own dtype: float32 as LeRobot's (its head is float32), bf16 when FSDP2's mixed
+        precision computes the root unit in bf16."""
+        head = self.action_out_proj
+        return head(out.to(head.weight.dtype)).float()
 
     def velocity_loss(
         self,
@@ -207,7 +215,7 @@ class VLAFlowMatching(nn.Module):
         mask = attention_2d(pad, torch.cat([prefix_block, suffix_block], dim=1))
         positions = torch.cumsum(pad, dim=1) - 1
         out = self.vlm_with_expert.forward_joint(prefix, suffix, mask, positions)
-        velocity = self.action_out_proj(out[:, -self.config.chunk_size :].float())
+        velocity = self._velocity(out[:, -self.config.chunk_size :])
         return F.mse_loss(noise - actions, velocity, reduction="none")
 
     def sample_actions(
@@ -246,7 +254,7 @@ class VLAFlowMatching(nn.Module):
             )
             positions = offsets + torch.cumsum(suffix_pad, dim=1) - 1
             out = self.vlm_with_expert.forward_suffix(cache, suffix, mask, positions)
-            velocity = self.action_out_proj(out[:, -cfg.chunk_size :].float())
+            velocity = self._velocity(out[:, -cfg.chunk_size :])
             x_t = x_t + dt * velocity
         return x_t
 
@@ -264,10 +272,16 @@ class SmolVLAPolicy(PreTrainedPolicy):
 
     config_class = SmolVLAConfig
     name = "smolvla"
-    # The vision tower's layers (their forward runs). The VLM's and the expert's
-    # LlamaDecoderLayers are not units: their own forward never runs (vlm_expert.py).
-    _fsdp_wrap_modules = ["SmolVLMEncoderLayer"]
-    _peft_target_modules: list[str] = []
+    # The vision tower's layers (their forward runs) and the VLM's and the expert's decoder
+    # layers (their own forward never runs: their work runs through their unit entries,
+    # vlm_expert.py).
+    _fsdp_wrap_modules = ["SmolVLMEncoderLayer", "LlamaDecoderLayer"]
+    # LeRobot's default SmolVLA LoRA targets: the expert's q/v projections and the five heads
+    # (a regex over full module names, as peft reads a string).
+    _peft_target_modules = (
+        r"(model\.vlm_with_expert\.lm_expert\..*\.(q|v)_proj|model\.(state_proj|action_in_proj"
+        r"|action_out_proj|action_time_mlp_in|action_time_mlp_out))"
+    )
 
     def __init__(self, config: SmolVLAConfig, *, pretrained_parts: bool = True) -> None:
         super().__init__(config, pretrained_parts=pretrained_parts)

@@ -13,7 +13,11 @@ index pairs one VLM layer with one expert layer. A pair is either
 
 Each stream then goes through its own layer's output projection, residual and MLP. The layers'
 submodules are called directly (LeRobot's numerics: eager attention in fp32, its RoPE); the
-decoder layers' own ``forward`` never runs.
+decoder layers' own ``forward`` never runs. Each layer's work runs through the layer's *unit
+entry* instead (``layer.run_as_unit(fn, ...)``, lerobot_pipe/distributed/unit_probe.py), so that
+every decoder layer can be an FSDP2 unit that gathers around it, with no module added and every
+parameter name LeRobot's: a pair runs inside both its layers' entries, the prefix (sampling)
+inside the VLM layer's alone, each denoising step inside the expert layers' alone.
 
 Sampling computes the prefix once and keeps every layer's keys and values (``PrefixCache``);
 each denoising step then runs the suffix alone against them.
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lerobot_pipe.distributed.unit_probe import add_unit_entry
 from lerobot_pipe.policies.smolvla.processor_smolvla import TRANSFORMERS_HINT
 
 
@@ -128,6 +133,10 @@ class SmolVLMWithExpert(nn.Module):
         self.expert_hidden_size = expert_config.hidden_size
         self.freeze_vision_encoder = freeze_vision_encoder
         self.train_expert_only = train_expert_only
+        # The layers' own forward never runs (their parts are called directly): each runs its
+        # work through its unit entry, so that it can be an FSDP2 unit (unit_probe.py).
+        for layer in [*text.layers, *self.lm_expert.layers]:
+            add_unit_entry(layer)
         self._freeze()
 
     # --- structure ------------------------------------------------------------------------
@@ -217,9 +226,12 @@ class SmolVLMWithExpert(nn.Module):
 
     @staticmethod
     def _finish(layer: nn.Module, attended: Tensor, hidden: Tensor) -> Tensor:
-        """Output projection, residual, MLP, residual."""
-        out = layer.self_attn.o_proj(attended.to(layer.self_attn.o_proj.weight.dtype)) + hidden
-        return layer.mlp(layer.post_attention_layernorm(out)) + out
+        """Output projection, residual, MLP, residual; each sum in the projection's dtype, as
+        LeRobot's in-place sums give it (a bf16 layer keeps a float32 residual stream in bf16)."""
+        out = layer.self_attn.o_proj(attended.to(layer.self_attn.o_proj.weight.dtype))
+        out = (out + hidden).to(out.dtype)
+        mlp = layer.mlp(layer.post_attention_layernorm(out))
+        return (mlp + out).to(mlp.dtype)
 
     def _cross_expert(
         self,
@@ -241,6 +253,55 @@ class SmolVLMWithExpert(nn.Module):
         positions = positions - positions.min(dim=1, keepdim=True).values
         return self.attend(mask, rotate(query, positions), key, value)
 
+    # --- one layer's work, each run through its layers' unit entries -------------------------
+
+    def _pair_step(
+        self, i: int, prefix: Tensor, suffix: Tensor, mask: Tensor, positions: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Training, layer pair ``i``: both streams through VLM layer ``i`` and its expert."""
+        vlm_layer, expert = self.vlm.model.text_model.layers[i], self.expert_layer(i)
+        p = prefix.shape[1]
+        q0, k0, v0 = self._qkv(vlm_layer, prefix)
+        if self._is_cross(i):
+            pos0 = positions[:, :p]
+            k0 = rotate(k0, pos0)
+            att0 = self.attend(mask[:, :p, :p], rotate(q0, pos0), k0, v0)
+            att1 = self._cross_expert(
+                expert, suffix, k0, v0, positions[:, p:], mask[:, -suffix.shape[1] :, :p]
+            )
+            return self._finish(vlm_layer, att0, prefix), self._finish(expert, att1, suffix)
+        q1, k1, v1 = self._qkv(expert, suffix)
+        query = rotate(torch.cat([q0, q1], dim=1), positions)
+        key = rotate(torch.cat([k0, k1], dim=1), positions)
+        att = self.attend(mask, query, key, torch.cat([v0, v1], dim=1))
+        return self._finish(vlm_layer, att[:, :p], prefix), self._finish(expert, att[:, p:], suffix)
+
+    def _prefix_step(
+        self, i: int, prefix: Tensor, mask: Tensor, positions: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The prefix alone through VLM layer ``i``: (its keys after RoPE, values, output)."""
+        layer = self.vlm.model.text_model.layers[i]
+        q, k, v = self._qkv(layer, prefix)
+        k = rotate(k, positions)
+        return k, v, self._finish(layer, self.attend(mask, rotate(q, positions), k, v), prefix)
+
+    def _suffix_step(
+        self, i: int, keys: Tensor, values: Tensor, suffix: Tensor, mask: Tensor, positions: Tensor
+    ) -> Tensor:
+        """Sampling: the suffix through the expert paired with VLM layer ``i``, against that
+        layer's cached prefix keys and values."""
+        expert = self.expert_layer(i)
+        if self._is_cross(i):
+            att = self._cross_expert(
+                expert, suffix, keys, values, positions, mask[:, :, : keys.shape[1]]
+            )
+        else:
+            q, k, v = self._qkv(expert, suffix)
+            key = torch.cat([keys, rotate(k, positions)], dim=1)
+            value = torch.cat([values, v], dim=1)
+            att = self.attend(mask, rotate(q, positions), key, value)
+        return self._finish(expert, att, suffix)
+
     # --- the two entry points ---------------------------------------------------------------
 
     def forward_joint(
@@ -252,32 +313,14 @@ class SmolVLMWithExpert(nn.Module):
         p = prefix.shape[1]
         for i in range(self.num_vlm_layers):
             vlm_layer, expert = text.layers[i], self.expert_layer(i)
-            q0, k0, v0 = self._qkv(vlm_layer, prefix)
-            if self._is_cross(i):
-                pos0 = positions[:, :p]
-                k0 = rotate(k0, pos0)
-                att0 = self.attend(mask[:, :p, :p], rotate(q0, pos0), k0, v0)
-                new_prefix = self._finish(vlm_layer, att0, prefix)
-                if expert is not None:
-                    att1 = self._cross_expert(
-                        expert, suffix, k0, v0, positions[:, p:], mask[:, -suffix.shape[1] :, :p]
-                    )
-                    suffix = self._finish(expert, att1, suffix)
-                prefix = new_prefix
-                continue
             if expert is None:
-                att = self.attend(
-                    mask[:, :p, :p], rotate(q0, positions[:, :p]), rotate(k0, positions[:, :p]), v0
+                _, _, prefix = vlm_layer.run_as_unit(
+                    self._prefix_step, i, prefix, mask[:, :p, :p], positions[:, :p]
                 )
-                prefix = self._finish(vlm_layer, att, prefix)
                 continue
-            q1, k1, v1 = self._qkv(expert, suffix)
-            query = rotate(torch.cat([q0, q1], dim=1), positions)
-            key = rotate(torch.cat([k0, k1], dim=1), positions)
-            att = self.attend(mask, query, key, torch.cat([v0, v1], dim=1))
-            prefix, suffix = (
-                self._finish(vlm_layer, att[:, :p], prefix),
-                self._finish(expert, att[:, p:], suffix),
+            # Inside both layers' units (FSDP2 gathers each around its entry).
+            prefix, suffix = vlm_layer.run_as_unit(
+                expert.run_as_unit, self._pair_step, i, prefix, suffix, mask, positions
             )
         return self.lm_expert.norm(suffix)
 
@@ -285,12 +328,10 @@ class SmolVLMWithExpert(nn.Module):
         """Sampling, once per chunk: the prefix through the VLM; every layer's keys/values."""
         text = self.vlm.model.text_model
         keys, values = [], []
-        for layer in text.layers:
-            q, k, v = self._qkv(layer, prefix)
-            k = rotate(k, positions)
+        for i, layer in enumerate(text.layers):
+            k, v, prefix = layer.run_as_unit(self._prefix_step, i, prefix, mask, positions)
             keys.append(k)
             values.append(v)
-            prefix = self._finish(layer, self.attend(mask, rotate(q, positions), k, v), prefix)
         return PrefixCache(keys, values)
 
     def forward_suffix(
@@ -298,24 +339,11 @@ class SmolVLMWithExpert(nn.Module):
     ) -> Tensor:
         """Sampling, once per denoising step: the suffix through the expert against the cached
         prefix. ``mask`` (B, S, P+S), ``positions`` (B, S) continue the prefix's."""
-        prefix_len = cache.keys[0].shape[1]
         for i in range(self.num_vlm_layers):
             expert = self.expert_layer(i)
             if expert is None:
                 continue
-            if self._is_cross(i):
-                att = self._cross_expert(
-                    expert,
-                    suffix,
-                    cache.keys[i],
-                    cache.values[i],
-                    positions,
-                    mask[:, :, :prefix_len],
-                )
-            else:
-                q, k, v = self._qkv(expert, suffix)
-                key = torch.cat([cache.keys[i], rotate(k, positions)], dim=1)
-                value = torch.cat([cache.values[i], v], dim=1)
-                att = self.attend(mask, rotate(q, positions), key, value)
-            suffix = self._finish(expert, att, suffix)
+            suffix = expert.run_as_unit(
+                self._suffix_step, i, cache.keys[i], cache.values[i], suffix, mask, positions
+            )
         return self.lm_expert.norm(suffix)
