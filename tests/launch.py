@@ -5,6 +5,7 @@ Also the environment for starting real launchers, and a stand-in trainer holding
 from __future__ import annotations
 
 import faulthandler
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -118,8 +119,17 @@ def run_distributed(
         )
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    # The ranks inherit every object of this (long-lived, threaded) pytest process. A garbage
+    # collection in a rank that runs the finalizer of an inherited object (whose lock another
+    # thread of this process held at the fork) hangs that rank: seen in fully_shard, in the
+    # fast tier, after many earlier tests. Frozen objects are never collected in the ranks.
+    gc.collect()
+    gc.freeze()
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        gc.unfreeze()
     results: dict[int, Any] = {}
     errors = []
     try:

@@ -114,11 +114,11 @@ class SmolVLAConfig(PreTrainedConfig):
     optimizer_betas: tuple[float, float] = (0.9, 0.95)
     optimizer_eps: float = 1e-8
     optimizer_weight_decay: float = 1e-10
-    optimizer_grad_clip_norm: float = 10
+    optimizer_grad_clip_norm: float = 10  # gradient clipping norm of the preset
 
     scheduler_warmup_steps: int = 1_000
-    scheduler_decay_steps: int = 30_000
-    scheduler_decay_lr: float = 2.5e-6
+    scheduler_decay_steps: int = 30_000  # steps of the preset's cosine decay
+    scheduler_decay_lr: float = 2.5e-6  # the preset's lr at the end of the decay
 
     vlm_model_name: str = DEFAULT_VLM  # Hub id or local folder of the SmolVLM (and tokenizer)
     load_vlm_weights: bool = False  # load the VLM's own (bf16) weights, not only its config
