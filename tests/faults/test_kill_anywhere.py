@@ -58,7 +58,12 @@ CASES = [
     ],
     *[
         ("ddp", point, 1)
-        for point in ("save:begin", "save:after_optimizer", "train:after_backward")
+        for point in (
+            "save:begin",
+            "save:after_optimizer",
+            "train:after_backward",
+            "data:load_batch",  # a rank killed while it loads a batch
+        )
     ],
     *[
         ("fsdp2", point, 0)
