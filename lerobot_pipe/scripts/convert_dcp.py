@@ -15,9 +15,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lerobot_pipe.configs.parser import ConfigError, parse_options, required
-from lerobot_pipe.scripts.help import command_help
-from lerobot_pipe.scripts.logs import report_error, setup_logging
+from lerobot_pipe.configs.parser import required
+from lerobot_pipe.scripts.help import command_help, parse_command
+from lerobot_pipe.scripts.logs import report_error
 
 PROG = "lerobot-convert-dcp"
 
@@ -70,15 +70,9 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(usage())
-        return 0
-    setup_logging()
-    try:
-        options, _ = parse_options(ConvertOptions, argv)
-    except ConfigError as e:
-        report_error(PROG, e)
-        return 2
+    options, status = parse_command(PROG, ConvertOptions, argv, usage)
+    if options is None:
+        return status
     if options.push_to_hub:  # a bad repo id fails before anything is converted
         from lerobot_pipe.hub.publish import PublishError, validate_repo_id
 

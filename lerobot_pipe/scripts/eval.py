@@ -25,10 +25,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lerobot_pipe.configs.parser import ConfigError, parse_options
 from lerobot_pipe.envs.configs import EnvConfig
-from lerobot_pipe.scripts.help import choice_sections, command_help
-from lerobot_pipe.scripts.logs import report_error, setup_logging
+from lerobot_pipe.scripts.help import choice_sections, command_help, parse_command
+from lerobot_pipe.scripts.logs import report_error
 
 PROG = "lerobot-eval"
 MAX_VIDEOS = 10  # LeRobot's lerobot-eval renders the first 10 episodes
@@ -238,15 +237,9 @@ def run(options: EvalPipelineOptions) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(usage())
-        return 0
-    setup_logging()
-    try:
-        options, _ = parse_options(EvalPipelineOptions, argv)
-    except ConfigError as e:
-        report_error(PROG, e)
-        return 2
+    options, status = parse_command(PROG, EvalPipelineOptions, argv, usage)
+    if options is None:
+        return status
     try:
         run(options)
     except BadInput as e:

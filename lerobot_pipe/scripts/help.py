@@ -17,6 +17,7 @@ import json
 import textwrap
 import tokenize
 import typing
+from collections.abc import Callable
 from typing import Any
 
 from lerobot_pipe.configs.choice import ChoiceRegistry
@@ -174,6 +175,27 @@ def command_help(usage: str, cls: type, note: str = "") -> str:
     if note:
         lines += ["", *textwrap.wrap(note, _WIDTH)]
     return "\n".join(lines)
+
+
+def parse_command(
+    prog: str, cls: type, argv: list[str], usage: Callable[[], str]
+) -> tuple[Any, int | None]:
+    """The prelude of a console script whose flags fill dataclass ``cls``: ``(options, None)``,
+    or ``(None, status)`` when there is nothing more to do: ``--help`` printed (0), a bad flag
+    reported in one line (2). Logging is set up before parsing, so the parser's warnings show."""
+    from lerobot_pipe.configs.parser import ConfigError, parse_options
+    from lerobot_pipe.scripts.logs import report_error, setup_logging
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(usage())
+        return None, 0
+    setup_logging()
+    try:
+        options, _ = parse_options(cls, argv)
+    except ConfigError as e:
+        report_error(prog, e)
+        return None, 2
+    return options, None
 
 
 def train_help() -> str:
