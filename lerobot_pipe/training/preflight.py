@@ -379,9 +379,9 @@ def _validate_heldout(cfg: TrainConfig) -> None:
 
 
 def _validate_env_eval(cfg: TrainConfig) -> None:
-    """``--env_eval_freq`` with ``--env.*`` (evaluation/in_training.py): LeRobot 0.6.1's
-    EvalConfig rule (a batch no larger than the episodes), plus an environment that would never
-    be rolled out refused as a mistake."""
+    """``--env_eval_freq`` with ``--env.*`` (evaluation/in_training.py). A batch larger than the
+    episodes is cut to them (LeRobot 0.6.1's EvalConfig rule); an environment that would never be
+    rolled out is refused as a mistake."""
     if cfg.env_eval_freq < 0:
         raise ConfigError(f"--env_eval_freq={cfg.env_eval_freq}: must be >= 0 (0 never evaluates)")
     if cfg.env is None:
@@ -395,11 +395,6 @@ def _validate_env_eval(cfg: TrainConfig) -> None:
         raise ConfigError(f"--eval.n_episodes={cfg.eval.n_episodes}: at least 1")
     if cfg.eval.batch_size < 0:
         raise ConfigError(f"--eval.batch_size={cfg.eval.batch_size}: 0 (auto) or more")
-    if cfg.eval.batch_size > cfg.eval.n_episodes:
-        raise ConfigError(
-            f"--eval.batch_size={cfg.eval.batch_size} is more than --eval.n_episodes="
-            f"{cfg.eval.n_episodes} (LeRobot's rule): lower it"
-        )
     if cfg.env_eval_freq > cfg.steps:
         log.warning(
             "--env_eval_freq=%d is more than --steps=%d: --env.type=%s is never rolled out",
