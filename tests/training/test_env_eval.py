@@ -171,3 +171,23 @@ def test_stochastic_policy_same_episodes_on_two_ranks_as_on_one(diffusion_runs):
     single = _episodes(_eval_info(diffusion_runs / "single", step=1))
     _assert_same_episodes(_episodes(_eval_info(diffusion_runs / "ddp", step=1)), single)
     assert len(set(single["sum_rewards"])) == N_EPISODES
+
+
+def _auto_batch_size_on_a_rank_with_its_own_cores():
+    import os
+
+    from lerobot_pipe.distributed.runtime import destroy, init_distributed
+    from lerobot_pipe.evaluation.in_training import eval_batch_size
+
+    env = init_distributed()
+    os.cpu_count = lambda: 4 if env.rank == 0 else 32  # ranks on machines of their own
+    try:
+        return eval_batch_size(50, 0), eval_batch_size(3, 8)
+    finally:
+        destroy()
+
+
+def test_auto_batch_size_is_the_main_ranks_on_every_rank():
+    """--eval.batch_size=0: LeRobot's rule (70 % of the cores) on the main rank, used by all (the
+    batches decide the episodes' results); a batch larger than the episodes is cut to them."""
+    assert run_distributed(_auto_batch_size_on_a_rank_with_its_own_cores, 2) == [(2, 3), (2, 3)]
