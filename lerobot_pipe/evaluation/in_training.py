@@ -4,12 +4,14 @@ rank, with per-episode results that do not depend on the world size or the topol
 The episodes are lerobot-eval's (:mod:`lerobot_pipe.evaluation.rollout`): episode ``i`` seeded
 ``--seed + i``, in batches of ``--eval.batch_size`` (one vector env of that many sub-envs, a last
 partial batch run full), so each batch is the same rollout whichever rank runs it. Batch ``b``
-runs on rank ``b mod W`` in round ``b // W``; a rank with no batch left in a round runs a padding
-batch (reset, then nothing). Within a round every rank calls the policy once per step until
-every rank's batch has ended (one all-reduce of a flag per step): a rank whose episodes are over
-calls it again on its last observation and drops the actions. Under FSDP2 / HSDP a forward is a
-collective, and the policies call theirs after a fixed number of ``select_action`` calls since
-their ``reset``, so the ranks' forwards stay in lockstep. A stochastic policy's draws are keyed
+runs on rank ``b mod W`` in round ``b // W``. Under FSDP2 / HSDP a forward is a collective, so
+the ranks roll out in lockstep: a rank with no batch left in a round runs a padding batch
+(reset, then nothing), and within a round every rank calls the policy once per step until every
+rank's batch has ended (one all-reduce of a flag per step), a rank whose episodes are over
+calling it again on its last observation and dropping the actions. The policies call their
+forward after a fixed number of ``select_action`` calls since their ``reset``, so the ranks'
+forwards stay in step. With DDP (the policy whole on every rank) each rank runs its own batches
+at its own pace and skips the padding. A stochastic policy's draws are keyed
 by (seed, episode, step) (``batch["sample_key"]``, :func:`rollout_keys`), not by the rank.
 The main rank gathers the results and writes ``<output_dir>/eval/<step>/eval_info.json``
 (lerobot-eval's layout, :mod:`lerobot_pipe.evaluation.info`) and the first
@@ -114,6 +116,7 @@ class InTrainingEval:
     rank: int
     world_size: int
     device: torch.device
+    lockstep: bool  # the policy's forward is a collective (FSDP2 / HSDP)
     use_async_envs: bool = False
     env: Any = None
 
@@ -149,7 +152,7 @@ class InTrainingEval:
         ((task_group, task_id),) = self.env_cfg.task_groups()
         videos_dir = self.step_dir(step) / C.EVAL_VIDEOS_DIR / f"{task_group}_{task_id}"
         fps = env.metadata.get("render_fps", self.env_cfg.fps)
-        all_done = _all_done(self.device)
+        all_done = _all_done(self.device) if self.lockstep else None
         results: dict[int, EpisodeResult] = {}
         videos: dict[int, str] = {}
         policy.eval()
@@ -158,6 +161,8 @@ class InTrainingEval:
                 for indices, padding in rank_rounds(
                     self.n_episodes, self.batch_size, self.rank, self.world_size
                 ):
+                    if padding and all_done is None:
+                        continue
                     seeds = [self.seed + i for i in indices]
                     shown = (
                         0 if padding else sum(i < min(MAX_VIDEOS, self.n_episodes) for i in indices)

@@ -640,6 +640,7 @@ def open_rollouts(plan: TrainingPlan, env: DistEnv) -> InTrainingEval | None:
         rank=env.rank,
         world_size=env.world_size,
         device=env.device,
+        lockstep=plan.dims.is_sharded,
         use_async_envs=cfg.eval.use_async_envs,
     ).open()
 

@@ -114,10 +114,34 @@ def test_eval_info_in_lerobot_evals_layout_outside_the_checkpoint(act_runs):
     assert not list(checkpoint.rglob(C.EVAL_INFO)) and not list(checkpoint.rglob("*.mp4"))
 
 
-@pytest.mark.parametrize("topology", ["ddp", "fsdp"])
-def test_same_episodes_on_two_ranks_as_on_one(act_runs, topology):
+@pytest.fixture(scope="module")
+def hsdp_run(data_root, tmp_path_factory):
+    """HSDP on 4 processes (2 replicas of 2 shards), batches of 1: 3 episodes on 4 ranks, so
+    rank 3 pads the only round."""
+    out = tmp_path_factory.mktemp("env_eval_hsdp") / "hsdp"
+    flags = tiny_act_flags(**DETERMINISTIC, **EVAL_FLAGS, **EMA, **{"dataset.root": data_root})
+    run_distributed(
+        run_train,
+        4,
+        [
+            *flags,
+            "--batch_size=1",
+            "--parallelism.dp_replicate=2",
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=safetensors_dcp",
+            f"--output_dir={out}",
+        ],
+    )
+    return out
+
+
+@pytest.mark.parametrize("topology", ["ddp", "fsdp", "hsdp"])
+def test_same_episodes_on_two_ranks_as_on_one(act_runs, topology, request):
+    """DDP and FSDP2 on 2 processes (rank 1 pads the second round), HSDP on 4 (rank 3 pads),
+    as on one, the weights differing by the reduction order of the gradients only."""
+    other = request.getfixturevalue("hsdp_run") if topology == "hsdp" else act_runs / topology
     single = _episodes(_eval_info(act_runs / "single"))
-    _assert_same_episodes(_episodes(_eval_info(act_runs / topology)), single)
+    _assert_same_episodes(_episodes(_eval_info(other)), single)
 
 
 def test_rollouts_are_not_trivial(act_runs):
