@@ -179,6 +179,7 @@ def command_help(usage: str, cls: type, note: str = "") -> str:
 def train_help() -> str:
     from lerobot_pipe.configs.optim import OptimizerConfig, SchedulerConfig
     from lerobot_pipe.configs.train import TrainConfig
+    from lerobot_pipe.envs.configs import EnvConfig
     from lerobot_pipe.policies import PreTrainedConfig
 
     lines = [
@@ -207,4 +208,5 @@ def train_help() -> str:
     lines += choice_sections(PreTrainedConfig, "policy")
     lines += choice_sections(OptimizerConfig, "optimizer")
     lines += choice_sections(SchedulerConfig, "scheduler")
+    lines += choice_sections(EnvConfig, "env")
     return "\n".join(lines)
