@@ -215,3 +215,19 @@ def test_auto_batch_size_is_the_main_ranks_on_every_rank():
     """--eval.batch_size=0: LeRobot's rule (70 % of the cores) on the main rank, used by all (the
     batches decide the episodes' results); a batch larger than the episodes is cut to them."""
     assert run_distributed(_auto_batch_size_on_a_rank_with_its_own_cores, 2) == [(2, 3), (2, 3)]
+
+
+def test_rolling_out_leaves_training_as_it_was(data_root, tmp_path):
+    """Rollouts at every step draw nothing from the RNGs and leave the weights and modes as they
+    were: the losses of a run with dropout and the VAE (randomness each step) are those of the
+    same run without --env.*, bit for bit."""
+    from tiny import losses
+
+    flags = tiny_act_flags(**{"dataset.root": data_root, "steps": 3, "save_freq": 0})
+    run_train([*flags, f"--output_dir={tmp_path / 'plain'}"])
+    env = {**EVAL_FLAGS, "steps": 3, "save_freq": 0, "env_eval_freq": 1, "eval.n_episodes": 1}
+    run_train(
+        [*tiny_act_flags(**env, **{"dataset.root": data_root}), f"--output_dir={tmp_path / 'env'}"]
+    )
+    assert (tmp_path / "env" / C.EVAL_DIR / "000003" / C.EVAL_INFO).is_file()
+    assert losses(tmp_path / "env") == losses(tmp_path / "plain")
