@@ -42,6 +42,7 @@ from lerobot_pipe.distributed.runtime import broadcast_from_main, gather_objects
 from lerobot_pipe.envs.configs import EnvConfig
 from lerobot_pipe.evaluation.info import eval_info, task_metrics, write_eval_info
 from lerobot_pipe.evaluation.rollout import EpisodeResult, batches, episode_results, rollout
+from lerobot_pipe.evaluation.video import write_video
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +184,6 @@ class InTrainingEval:
                     batch_results = episode_results(data, indices, seeds)
                     results |= {r.index: r for r in batch_results if r.index < self.n_episodes}
                     for k in range(shown):
-                        from lerobot_pipe.evaluation.video import write_video
-
                         videos_dir.mkdir(parents=True, exist_ok=True)
                         path = videos_dir / f"eval_episode_{indices[k]}.mp4"
                         write_video(path, data["frames"][k][: batch_results[k].done_step + 1], fps)
