@@ -90,6 +90,12 @@ PROGRESS_EVENTS = "progress.jsonl"
 WANDB_DIR = "wandb"
 WANDB_LATEST_RUN = "latest-run"
 
+# Rollout results: lerobot-eval's <output_dir>/eval_info.json and videos/<group>_<task_id>/;
+# lerobot-train's in-training rollouts write the same under <output_dir>/eval/<step>/.
+EVAL_DIR = "eval"
+EVAL_INFO = "eval_info.json"
+EVAL_VIDEOS_DIR = "videos"
+
 # Pipeline receipts.
 PUBLISH_RECEIPT = "publish_receipt.json"
 

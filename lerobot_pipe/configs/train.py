@@ -10,7 +10,7 @@ from LeRobot's current docs and no release yet: ``parallelism``, ``accelerator``
 ``checkpoint_format``. Fields marked ``OMIT_AT_DEFAULT`` are lerobot_pipe extensions that
 LeRobot lacks; they are written only when set, so a run that uses none of them writes a file
 LeRobot 0.6.1 decodes once the three documented groups are removed. Fields whose behaviour
-lerobot_pipe does not build (simulation envs, reward models, HF Jobs, ...) are accepted and
+lerobot_pipe does not build (reward models, HF Jobs, ...) are accepted and
 kept at their defaults; a value that asks for the missing behaviour is refused before launch.
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lerobot_pipe.configs.optim import OptimizerConfig, SchedulerConfig
+from lerobot_pipe.envs.configs import EnvConfig
 from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
@@ -183,11 +184,15 @@ class PeftConfig:
 
 @dataclass
 class EvalConfig:
-    """Simulation-environment evaluation (LeRobot's; kept, not run here)."""
+    """Rollouts in ``--env`` every ``--env_eval_freq`` steps, on every rank
+    (lerobot_pipe/evaluation/in_training.py)."""
 
-    n_episodes: int = 50  # LeRobot's; not run here
-    batch_size: int = 0  # LeRobot's; not run here
-    use_async_envs: bool = True  # LeRobot's; not run here
+    n_episodes: int = 50  # episodes per evaluation, split across the ranks
+    # environments stepped together (a batch of episodes); 0: LeRobot's rule, 70 % of the CPU
+    # cores (at least 1), at most n_episodes and 64
+    batch_size: int = 0
+    # sub-environments in their own processes (AsyncVectorEnv, forkserver) when batch_size > 1
+    use_async_envs: bool = True
     recording: bool = False  # LeRobot's; not run here
     recording_repo_id: str | None = None  # LeRobot's; not run here
     recording_private: bool = False  # LeRobot's; not run here
@@ -262,7 +267,9 @@ class TrainConfig:
     of processes."""
 
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    env: dict[str, Any] | None = None  # LeRobot's simulation environment; not run here
+    # the simulated environment rolled out every --env_eval_freq steps (--env.type=pusht|aloha|
+    # synthetic, then --env.<field>); unset: no rollouts
+    env: EnvConfig | None = None
     # the policy to train: --policy.type for a new one, --policy.path to fine-tune
     policy: PreTrainedConfig | None = None
     reward_model: dict[str, Any] | None = None  # LeRobot's; not built here
@@ -279,7 +286,7 @@ class TrainConfig:
     persistent_workers: bool = True  # LeRobot's DataLoader option; not used here
     dataloader_multiprocessing_context: str | None = "spawn"  # LeRobot's; not used here
     steps: int = 100_000  # loop steps (micro-batches per rank) to train for in all
-    env_eval_freq: int = 20_000  # LeRobot's; not run here
+    env_eval_freq: int = 20_000  # roll out --env every this many loop steps (0: never)
     log_freq: int = 200  # log the loss and throughput every this many loop steps
     eval_steps: int = 0  # the held-out loss every this many loop steps (0: never)
     max_eval_samples: int = 0  # cap on the held-out frames evaluated, split over tasks (0: all)

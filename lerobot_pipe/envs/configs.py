@@ -66,12 +66,12 @@ class PushtEnv(EnvConfig):
     fps: int = 10
     episode_length: int = 300  # max_episode_steps
     obs_type: str = "pixels_agent_pos"  # or environment_state_agent_pos, pixels, state
-    render_mode: str = "rgb_array"
-    visualization_width: int = 384  # the rendered (video) frames
-    visualization_height: int = 384
+    render_mode: str = "rgb_array"  # how frames are rendered (the videos)
+    visualization_width: int = 384  # width of the rendered (video) frames
+    visualization_height: int = 384  # height of the rendered (video) frames
     # Declared as LeRobot declares them; not passed to gym-pusht (it returns 96x96)
-    observation_height: int = 384
-    observation_width: int = 384
+    observation_height: int = 384  # declared image height (gym-pusht delivers 96)
+    observation_width: int = 384  # declared image width (gym-pusht delivers 96)
     features_map: dict[str, str] = field(
         default_factory=lambda: {
             ACTION: ACTION,
@@ -117,11 +117,11 @@ class AlohaEnv(EnvConfig):
 
     task: str | None = "AlohaInsertion-v0"  # or AlohaTransferCube-v0
     fps: int = 50
-    episode_length: int = 400
+    episode_length: int = 400  # max_episode_steps
     obs_type: str = "pixels_agent_pos"  # or pixels
-    observation_height: int = 480
-    observation_width: int = 640
-    render_mode: str = "rgb_array"
+    observation_height: int = 480  # height of the top camera's images
+    observation_width: int = 640  # width of the top camera's images
+    render_mode: str = "rgb_array"  # how frames are rendered (the videos)
     features_map: dict[str, str] = field(
         default_factory=lambda: {
             ACTION: ACTION,
@@ -172,7 +172,7 @@ class SyntheticEnv(EnvConfig):
     pixels_only: bool = False  # no environment_state (the goal): only the images show it
     success_distance: float = 0.1  # success: the agent this close to the goal (10x the noise)
     visualization_size: int = 256  # side of the video frames (the top view)
-    render_mode: str = "rgb_array"
+    render_mode: str = "rgb_array"  # how frames are rendered (the videos)
     features_map: dict[str, str] = field(
         default_factory=lambda: {
             ACTION: ACTION,

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lerobot_pipe.constants import SAMPLE_KEY
 from lerobot_pipe.envs.factory import TASK_ATTRIBUTES, preprocess_observation
 
 log = logging.getLogger(__name__)
@@ -92,22 +93,42 @@ def rollout(
     postprocessor: Callable[[torch.Tensor], torch.Tensor],
     seeds: list[int] | None,
     render_count: int = 0,
+    *,
+    step_keys: Callable[[int], torch.Tensor] | None = None,
+    all_done: Callable[[bool], bool] | None = None,
+    padding: bool = False,
 ) -> dict[str, Any]:
     """One batch of episodes: ``reward``, ``success``, ``done`` (cumulative) as (batch, steps)
-    tensors, and with ``render_count`` the first sub-envs' frames ``(count, steps + 1, H, W, 3)``."""
+    tensors, and with ``render_count`` the first sub-envs' frames ``(count, steps + 1, H, W, 3)``.
+
+    ``step_keys(step)``: the sub-envs' int64 keys of that step, given to the policy as
+    ``batch["sample_key"]`` (the draws of a stochastic policy). ``all_done(done_here)``: whether
+    every rank's batch has ended (a collective). With it the policy is called once per round on
+    every rank until all have ended: a batch that has ended here (or a ``padding`` batch, which
+    ends at its reset) calls it again on its last observation, its actions dropped, so that a
+    policy whose forward is a collective (FSDP2) runs its forwards in lockstep."""
     policy.reset()
     observation, _ = env.reset(seed=seeds)
     frames = [_render(env, render_count)] if render_count else []
     rewards, successes, dones = [], [], []
-    done = np.zeros(env.num_envs, dtype=bool)
+    done = np.full(env.num_envs, padding, dtype=bool)
     max_steps = env.call("_max_episode_steps")[0]
     step = 0
-    while not np.all(done) and step < max_steps:
-        batch = preprocess_observation(observation)
-        batch["task"] = _task_strings(env)
-        batch = preprocessor(batch)
+    batch = None
+    while True:
+        ended = bool(np.all(done)) or step >= max_steps
+        if all_done(ended) if all_done is not None else ended:
+            break
+        if batch is None or not ended:
+            batch = preprocess_observation(observation)
+            batch["task"] = _task_strings(env)
+            if step_keys is not None:
+                batch[SAMPLE_KEY] = step_keys(step)
+            batch = preprocessor(batch)
         with torch.inference_mode():
             action = policy.select_action(batch)
+        if ended:  # a lockstep call: this rank's episodes are over
+            continue
         action = postprocessor(action)
         action_numpy = action.to("cpu").numpy()
         if action_numpy.ndim != 2:
@@ -124,6 +145,8 @@ def rollout(
         successes.append(torch.tensor(_step_successes(info, env.num_envs)))
         dones.append(torch.from_numpy(done))
         step += 1
+    if not rewards:  # a padding batch: no step taken
+        return {}
     out: dict[str, Any] = {
         "reward": torch.stack(rewards, dim=1),
         "success": torch.stack(successes, dim=1),

@@ -201,6 +201,7 @@ def parse_command(
 def train_help() -> str:
     from lerobot_pipe.configs.optim import OptimizerConfig, SchedulerConfig
     from lerobot_pipe.configs.train import TrainConfig
+    from lerobot_pipe.envs.configs import EnvConfig
     from lerobot_pipe.policies import PreTrainedConfig
 
     lines = [
@@ -229,4 +230,5 @@ def train_help() -> str:
     lines += choice_sections(PreTrainedConfig, "policy")
     lines += choice_sections(OptimizerConfig, "optimizer")
     lines += choice_sections(SchedulerConfig, "scheduler")
+    lines += choice_sections(EnvConfig, "env")
     return "\n".join(lines)

@@ -257,6 +257,7 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
     _choice("accelerator.mixed_precision", cfg.accelerator.mixed_precision, MIXED_PRECISION_CHOICES)
     optimizer, scheduler = _validate_optimization(cfg)
     _refuse_unbuilt(cfg)
+    _validate_env_eval(cfg)
     ga = cfg.accelerator.gradient_accumulation.steps
     _positive("accelerator.gradient_accumulation.steps", ga)
     if cfg.save_freq % ga:
@@ -377,6 +378,32 @@ def _validate_heldout(cfg: TrainConfig) -> None:
             )
 
 
+def _validate_env_eval(cfg: TrainConfig) -> None:
+    """``--env_eval_freq`` with ``--env.*`` (evaluation/in_training.py). A batch larger than the
+    episodes is cut to them (LeRobot 0.6.1's EvalConfig rule); an environment that would never be
+    rolled out is refused as a mistake."""
+    if cfg.env_eval_freq < 0:
+        raise ConfigError(f"--env_eval_freq={cfg.env_eval_freq}: must be >= 0 (0 never evaluates)")
+    if cfg.env is None:
+        return
+    if cfg.env_eval_freq == 0:
+        raise ConfigError(
+            f"--env.type={cfg.env.type} is rolled out every --env_eval_freq steps, and "
+            "--env_eval_freq=0 never does: pass --env_eval_freq=N, or leave --env.* out"
+        )
+    if cfg.eval.n_episodes < 1:
+        raise ConfigError(f"--eval.n_episodes={cfg.eval.n_episodes}: at least 1")
+    if cfg.eval.batch_size < 0:
+        raise ConfigError(f"--eval.batch_size={cfg.eval.batch_size}: 0 (auto) or more")
+    if cfg.env_eval_freq > cfg.steps:
+        log.warning(
+            "--env_eval_freq=%d is more than --steps=%d: --env.type=%s is never rolled out",
+            cfg.env_eval_freq,
+            cfg.steps,
+            cfg.env.type,
+        )
+
+
 def _check_publishable(cfg: TrainConfig) -> None:
     """--policy.push_to_hub publishes the final checkpoint after training: everything it needs
     is checked now, not after the last step. The token is only looked up (no request)."""
@@ -470,10 +497,9 @@ def _refuse_unbuilt(cfg: TrainConfig) -> None:
     (and kept in train_config.json); a value asking for the missing behaviour is refused."""
     unbuilt = [
         (
-            "env",
-            cfg.env is not None,
-            "simulation environments are not run here; evaluate a "
-            "checkpoint with LeRobot's lerobot-eval",
+            "eval.recording",
+            cfg.env is not None and cfg.eval.recording,
+            "recording the rollouts as a dataset is not built",
         ),
         ("reward_model", cfg.reward_model is not None, "reward-model training is not built"),
         ("sample_weighting", cfg.sample_weighting is not None, "sample weighting is not built"),
@@ -619,6 +645,13 @@ def plan_on_dataset(
     policy, sharding = check_policy_plan(cfg, dims, dataset)
     cfg = replace(cfg, policy=policy)
     check_backbone_weights(cfg, env)
+    if cfg.env is not None:
+        from lerobot_pipe.evaluation.in_training import check_env
+
+        try:
+            check_env(cfg.env, cfg.policy, cfg.rename_map)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     try:
         heldout = plan_split(dataset, cfg.dataset.eval_split, cfg.max_eval_samples)
     except ValueError as e:

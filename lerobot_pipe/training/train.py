@@ -47,6 +47,8 @@ from lerobot_pipe.distributed.runtime import (
     run_on_main,
 )
 from lerobot_pipe.distributed.unit_probe import find_bypassed_modules
+from lerobot_pipe.evaluation.in_training import InTrainingEval, eval_batch_size
+from lerobot_pipe.evaluation.in_training import summary as env_eval_summary
 from lerobot_pipe.policies.factory import make_policy
 from lerobot_pipe.policies.peft import adapter_key_map, apply_peft
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy
@@ -57,7 +59,7 @@ from lerobot_pipe.processors import (
     make_pre_post_processors,
 )
 from lerobot_pipe.training import faults
-from lerobot_pipe.training.ema import EMAState
+from lerobot_pipe.training.ema import EMAState, evaluation_weights
 from lerobot_pipe.training.heldout import describe as describe_heldout
 from lerobot_pipe.training.heldout import heldout_loss
 from lerobot_pipe.training.optim import make_optimizer, make_scheduler
@@ -120,6 +122,12 @@ def banner(
     if plan.heldout is not None:
         every = f"every {cfg.eval_steps} steps" if cfg.eval_steps else "never (--eval_steps=0)"
         lines.append(f"{describe_heldout(plan.heldout)}; held-out loss {every}")
+    if cfg.env is not None:
+        lines.append(
+            f"Rollouts: {cfg.eval.n_episodes} episodes of {cfg.env.gym_id} every "
+            f"{cfg.env_eval_freq} steps, split across {env.world_size} rank(s), seeds from "
+            f"{cfg.seed}{' (EMA weights)' if cfg.ema.enable and cfg.ema.use_for_eval else ''}"
+        )
     if plan.resume_from is not None:
         lines.append(f"Resuming from {plan.resume_from} (step {plan.start_step})")
     return "\n".join(lines)
@@ -443,8 +451,10 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
     running = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss sum, count
     grad_norm = torch.zeros((), device=env.device)
     window: list[dict[str, torch.Tensor]] = []
+    rollouts = None
     try:
         metrics = open_metrics(plan, env)
+        rollouts = open_rollouts(plan, env)
         for step in range(start_step + 1, cfg.steps + 1):
             faults.set_step(step)
             log_step = step % cfg.log_freq == 0 or step == cfg.steps
@@ -555,12 +565,31 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
                 # The newest durable checkpoint: this one (sync) or the one before (async).
                 saved = checkpoints.last_saved
                 metrics.checkpoint(saved)
+            if rollouts is not None and step % cfg.env_eval_freq == 0:  # LeRobot's rule
+                with evaluation_weights(ema, cfg.ema.use_for_eval):
+                    info = rollouts.run(session.policy, pre, session.post, step, autocast)
+                if info is not None:
+                    record = env_eval_summary(info, step)
+                    metrics.log(record, mode="eval")
+                    log.info(
+                        "step %d: %s success %.1f %%, avg sum reward %.4f, avg max reward %.4f "
+                        "(%d episodes, %.1f s)",
+                        step,
+                        cfg.env.type,
+                        record["pc_success"],
+                        record["avg_sum_reward"],
+                        record["avg_max_reward"],
+                        record["n_episodes"],
+                        record["eval_s"],
+                    )
             progress.update(step, running, saved)
         last_saved = checkpoints.close()  # training ends once the last save is durable
         metrics.checkpoint(last_saved)
     finally:
         checkpoints.shutdown()  # after an error: still lets the save in flight finish
         prefetcher.close()
+        if rollouts is not None:
+            rollouts.close()
         progress.close()
         if metrics is not None:
             metrics.close()
@@ -593,6 +622,27 @@ def open_metrics(plan: TrainingPlan, env: DistEnv) -> MetricsLog:
 
     run_on_main(_open, error_type=TrackerError, what="starting the metrics trackers")
     return opened[0] if opened else MetricsLog(plan.cfg, start_step=plan.start_step, is_main=False)
+
+
+def open_rollouts(plan: TrainingPlan, env: DistEnv) -> InTrainingEval | None:
+    """The in-training rollouts of ``--env.*`` (None without an env), their environment made
+    on every rank. Collective (the batch size is the main rank's)."""
+    cfg = plan.cfg
+    if cfg.env is None:
+        return None
+    return InTrainingEval(
+        env_cfg=cfg.env,
+        n_episodes=cfg.eval.n_episodes,
+        batch_size=eval_batch_size(cfg.eval.n_episodes, cfg.eval.batch_size),
+        seed=cfg.seed,
+        output_dir=plan.output_dir,
+        total_steps=cfg.steps,
+        rank=env.rank,
+        world_size=env.world_size,
+        device=env.device,
+        lockstep=plan.dims.is_sharded,
+        use_async_envs=cfg.eval.use_async_envs,
+    ).open()
 
 
 def _push_final(plan: TrainingPlan, step_dir: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from lerobot_pipe.configs.choice import ChoiceRegistry
 from lerobot_pipe.configs.optim import OptimizerConfig, SchedulerConfig
 from lerobot_pipe.configs.train import TrainConfig
+from lerobot_pipe.envs.configs import EnvConfig
 from lerobot_pipe.policies import PreTrainedConfig
 from lerobot_pipe.scripts import cli, convert_dcp
 from lerobot_pipe.scripts import train as train_script
@@ -63,6 +64,7 @@ def test_train_help_describes_every_flag(capsys):
         (PreTrainedConfig, "policy"),
         (OptimizerConfig, "optimizer"),
         (SchedulerConfig, "scheduler"),
+        (EnvConfig, "env"),
     ):
         for name in base.known_choices():
             flags += _leaf_flags(base.get_choice_class(name), f"{group}.")

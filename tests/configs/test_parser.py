@@ -208,18 +208,17 @@ def test_resolving_a_config_keeps_the_fields_its_file_held_beyond_ours():
 @pytest.mark.parametrize(
     ("dotted", "as_json", "field"),
     [
-        (["--env.type=pusht"], ['--env={"type": "pusht"}'], "env"),
         (["--reward_model.type=x"], ['--reward_model={"type": "x"}'], "reward_model"),
         (["--sample_weighting.type=x"], ['--sample_weighting={"type": "x"}'], "sample_weighting"),
     ],
 )
 def test_dotted_flag_into_a_json_field_reads_as_its_json_form(dotted, as_json, field):
-    """LeRobot's users type --env.type=pusht; it gets the same value, and so the same message,
-    as --env='{"type": "pusht"}' (not "env has no sub-option type")."""
+    """LeRobot's users type --reward_model.type=x; it gets the same value, and so the same
+    message, as --reward_model='{"type": "x"}' (not "reward_model has no sub-option type")."""
     messages = []
     for flags in (dotted, as_json):
         cfg, _ = parse_train_config(["--policy.type=act", "--dataset.root=x", *flags])
-        assert getattr(cfg, field) == {"type": "pusht" if field == "env" else "x"}
+        assert getattr(cfg, field) == {"type": "x"}
         with pytest.raises(ConfigError) as err:
             validate_config(cfg)
         messages.append(str(err.value))
@@ -230,10 +229,10 @@ def test_dotted_flags_into_json_fields_nest_or_keep_feature_names():
     cfg, _ = parse_train_config(
         [
             "--policy.type=act",
-            '--env={"type": "aloha"}',
-            "--env.task.episode_length=400",
+            '--reward_model={"type": "classifier"}',
+            "--reward_model.head.hidden_dim=400",
             "--rename_map.observation.images.cam=observation.images.top",
         ]
     )
-    assert cfg.env == {"type": "aloha", "task": {"episode_length": 400}}
+    assert cfg.reward_model == {"type": "classifier", "head": {"hidden_dim": 400}}
     assert cfg.rename_map == {"observation.images.cam": "observation.images.top"}

@@ -203,6 +203,7 @@ def job_train_config(spec: dict) -> None:
     """Decode a train_config.json with LeRobot's TrainPipelineConfig (draccus), as --config_path
     does, and write back what it decoded."""
     import draccus
+    import lerobot.policies  # noqa: F401 - registers the policy types (in a batch of its own)
     from lerobot.configs.train import TrainPipelineConfig
 
     cfg = TrainPipelineConfig.from_pretrained(spec["path"])

@@ -108,8 +108,50 @@ CASES = [
         {},
         "--peft.method_type='MISS': choose one of LORA",
     ),
-    ("sim-env", ['--env={"type": "aloha"}'], {}, "--env: simulation environments are not run"),
-    ("sim-env-dotted", ["--env.type=pusht"], {}, "--env: simulation environments are not run"),
+    (
+        "env-never-rolled-out",
+        ["--env.type=synthetic", "--env_eval_freq=0"],
+        {},
+        "--env.type=synthetic is rolled out every --env_eval_freq steps, and --env_eval_freq=0",
+    ),
+    ("env-eval-freq-negative", ["--env_eval_freq=-1"], {}, "--env_eval_freq=-1: must be >= 0"),
+    (
+        "env-eval-no-episodes",
+        ["--env.type=synthetic", "--eval.n_episodes=0"],
+        {},
+        "--eval.n_episodes=0: at least 1",
+    ),
+    (
+        "env-recording",
+        ["--env.type=synthetic", "--eval.recording=true"],
+        {},
+        "--eval.recording: recording the rollouts as a dataset is not built",
+    ),
+    (
+        "env-unknown-type",
+        ["--env.type=libero"],
+        {},
+        "--env.type='libero': unknown env type; choose one of: aloha, pusht, synthetic",
+    ),
+    (
+        "env-unknown-task",
+        ["--env.type=synthetic", "--env.task=Reach-v9"],
+        {},
+        "--env.task='Reach-v9': lerobot_pipe/Reach-v9 is not registered",
+    ),
+    (
+        "env-features-not-delivered",
+        ["--env.type=synthetic", "--env.pixels_only=true", '--env.cameras=["top"]'],
+        {},
+        "the policy does not fit --env.type=synthetic (lerobot_pipe/Reach-v0): "
+        "observation.environment_state [2] is not delivered",
+    ),
+    (
+        "env-features-pusht",
+        ["--env.type=pusht"],
+        {},
+        "the policy does not fit --env.type=pusht (gym_pusht/PushT-v0)",
+    ),
     (
         "eval-steps-without-split",
         ["--eval_steps=10"],
@@ -306,6 +348,16 @@ def test_bad_input_fails_early_and_writes_nothing(
     assert expected in err, err
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_env_without_its_simulator_says_what_to_install(base_flags, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "gym_pusht", None)  # import gym_pusht -> ModuleNotFoundError
+    monkeypatch.chdir(tmp_path)
+    assert train_main([*base_flags, "--env.type=pusht"]) == 2
+    err = capsys.readouterr().err
+    assert "--env.type=pusht needs the gym_pusht package" in err
+    assert "pip install 'lerobot_pipe[sim]'" in err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("installed", [False, True], ids=["no-package", "no-key"])

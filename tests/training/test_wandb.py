@@ -203,6 +203,36 @@ def test_the_held_out_loss_is_logged_under_eval(wandb_env, dataset_root, tmp_pat
     assert row["train/episodes"] == pytest.approx(8 / 50)
 
 
+def test_the_rollouts_are_logged_under_eval(wandb_env, dataset_root, tmp_path):
+    """The in-training rollouts' summary (--env.*, --env_eval_freq) under LeRobot's names:
+    eval/pc_success, eval/avg_sum_reward, eval/eval_s, beside ours."""
+    flags = tiny_act_flags(**{"dataset.root": dataset_root, "log_freq": 2, "batch_size": 4})
+    run_train(
+        [
+            *flags,
+            "--steps=2",
+            "--save_freq=0",
+            "--env.type=synthetic",
+            "--env_eval_freq=2",
+            "--eval.n_episodes=2",
+            "--eval.batch_size=1",
+            "--eval.use_async_envs=false",
+            "--wandb.enable=true",
+            "--wandb.mode=offline",
+            f"--output_dir={tmp_path}",
+        ]
+    )
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    (row,) = read_wandb_run(run_dir)["history"]
+    (record,) = [
+        r for r in map(json.loads, (tmp_path / "metrics.jsonl").open()) if "pc_success" in r
+    ]
+    assert row["_step"] == record["step"] == 2
+    for key in ("pc_success", "avg_sum_reward", "avg_max_reward", "eval_s", "episodes_per_s"):
+        assert row[f"eval/{key}"] == pytest.approx(record[key]), key
+    assert row["eval/n_episodes"] == 2
+
+
 def test_a_resume_without_a_wandb_run_starts_one(wandb_env, dataset_root, tmp_path, caplog):
     """Resuming a run that did not log to W&B (its folder holds no W&B run): a new run, said."""
     from lerobot_pipe.configs.parser import replace

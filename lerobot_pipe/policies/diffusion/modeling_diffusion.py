@@ -13,7 +13,11 @@ Training randomness (the noise, the diffusion step and the random crop) is drawn
 ``batch["sample_key"]`` (:mod:`lerobot_pipe.policies.keyed_random`), so it does not depend on the
 rank a sample lands on; a batch without keys (a user's own loop) gets keys from torch's global
 RNG. Inference draws its initial noise (and DDPM's step noise) from torch's global RNG, as
-LeRobot does: the same seed gives LeRobot's actions.
+LeRobot does: the same seed gives LeRobot's actions. An observation batch with keys (the
+in-training rollouts give each sub-env a key of its episode and step) draws them from the keys
+instead: the initial noise from :func:`keyed_normal`, the scheduler's step noise from one
+generator per sample seeded from its key (diffusers draws that noise itself), so the actions do
+not depend on the rank or on what else the batch holds.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ OBS_IMAGES = "observation.images"
 NOISE_STREAM = stream_id("diffusion.noise")
 TIMESTEP_STREAM = stream_id("diffusion.timestep")
 CROP_STREAM = stream_id("diffusion.crop")
+SAMPLING_NOISE_STREAM = stream_id("diffusion.sampling_noise")
+SAMPLING_STEP_STREAM = stream_id("diffusion.sampling_step_seed")
 # What torch.compile puts between a compiled module and its parameters' names (LeRobot's
 # checkpoints saved with compile_model=true have it).
 _COMPILED_PREFIX = "_orig_mod."
@@ -424,10 +430,11 @@ class DiffusionModel(nn.Module):
         self,
         batch_size: int,
         global_cond: Tensor,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
         noise: Tensor | None = None,
     ) -> Tensor:
-        """Run the reverse diffusion from ``noise`` (default: a draw from torch's RNG)."""
+        """Run the reverse diffusion from ``noise`` (default: a draw from torch's RNG); the
+        scheduler's step noise from ``generator`` (one per sample in a list, diffusers' rule)."""
         parameter = next(iter(self.parameters()))
         action_dim = self.config.action_feature["shape"][0]
         sample = noise
@@ -456,7 +463,14 @@ class DiffusionModel(nn.Module):
                 f"n_obs_steps={self.config.n_obs_steps}"
             )
         global_cond = self.global_conditioning(batch, keys=None)
-        actions = self.conditional_sample(batch_size, global_cond, noise=noise)
+        keys, generator = batch.get(SAMPLE_KEY), None
+        if keys is not None and noise is None:
+            action_dim = self.config.action_feature["shape"][0]
+            noise = keyed_normal(keys, SAMPLING_NOISE_STREAM, (self.config.horizon, action_dim))
+            noise = noise.to(global_cond.dtype)
+            seeds = keyed_integers(keys, SAMPLING_STEP_STREAM, 1, 2**62)[:, 0].tolist()
+            generator = [torch.Generator().manual_seed(s) for s in seeds]
+        actions = self.conditional_sample(batch_size, global_cond, generator, noise=noise)
         start = n_obs_steps - 1
         return actions[:, start : start + self.config.n_action_steps]
 
@@ -571,11 +585,14 @@ class DiffusionPolicy(PreTrainedPolicy):
         select_action filled them, else from ``batch``'s own windows. Switches to eval mode."""
         self.eval()
         if any(len(q) for q in self._queues.values()):
+            keys = batch.get(SAMPLE_KEY)
             batch = {
                 k: torch.stack(list(self._queues[k]), dim=1)
                 for k in batch
                 if k in self._queues and k != ACTION
             }
+            if keys is not None:
+                batch[SAMPLE_KEY] = keys
         else:
             batch = self._stack_cameras(batch, add_step_dim=True)
         return self.diffusion.generate_actions(batch, noise=noise)
