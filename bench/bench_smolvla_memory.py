@@ -214,10 +214,7 @@ def main() -> None:
         model = [f"--policy.path={base}"] if case.startswith("lora") else fresh
         argv = [*common, *model, *flags, f"--output_dir={tmp / case}"]
         with c.Timer() as t:
-            if world == 1:
-                ranks = run_distributed(rank_main, 1, argv, timeout=args.timeout)
-            else:
-                ranks = run_distributed(rank_main, world, argv, timeout=args.timeout)
+            ranks = run_distributed(rank_main, world, argv, timeout=args.timeout)
         results[case] = ranks
         worst = max(ranks, key=lambda r: r["state_b"])
         print(
