@@ -1,16 +1,26 @@
 # lerobot_pipe: validate the config -> train with torchrun -> convert each checkpoint ->
 # publish to the Hugging Face Hub. config/README.md describes every config key.
+import copy
+
 import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
-from lerobot_pipe.pipeline.config import config_problems
+from lerobot_pipe.pipeline.config import config_problems, policy_fields
 
 min_version("9.0")
+
+# What the command line gave (--configfile, --config), before the default merges under it.
+GIVEN_CONFIG = copy.deepcopy(config)
 
 
 configfile: "config/config.yaml"
 
+
+# A config file of another policy type keeps only its own policy fields (config/smolvla.yaml).
+DEFAULT_CONFIG = yaml.safe_load(open(f"{workflow.basedir}/config/config.yaml"))
+if "policy" in config.get("train", {}):
+    config["train"]["policy"] = policy_fields(config, GIVEN_CONFIG, DEFAULT_CONFIG)
 
 SCHEMA = "workflow/schemas/config.schema.yaml"
 # One line per problem, naming the key (validate() would print the whole schema and config).

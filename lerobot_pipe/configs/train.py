@@ -24,6 +24,7 @@ from lerobot_pipe.envs.configs import EnvConfig
 from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+ACTIVATION_CHECKPOINTING_MODES = ("none", "full")
 CHECKPOINT_FORMATS = ("safetensors", "dcp", "safetensors_dcp")
 PEFT_METHODS = ("LORA",)
 
@@ -154,6 +155,15 @@ class GradientAccumulationConfig:
 
 
 @dataclass
+class ActivationCheckpointingConfig:
+    """LeRobot main's ``--accelerator.activation_checkpointing.*`` (main only refuses it):
+    ``full`` recomputes each wrap unit's activations in the backward instead of keeping them
+    (lerobot_pipe/distributed/activation_checkpointing.py)."""
+
+    mode: str = "none"  # none, or full: recompute each wrap unit in the backward
+
+
+@dataclass
 class AcceleratorConfig:
     """Precision, gradient accumulation and the DDP / FSDP2 options."""
 
@@ -166,6 +176,10 @@ class AcceleratorConfig:
     # lerobot_pipe's: trainable batch norms normalize by the statistics of the whole
     # data-parallel batch (lerobot_pipe/distributed/batch_norm.py).
     sync_batch_norm: bool = field(default=False, metadata=OMIT_AT_DEFAULT)
+    # LeRobot main's field, not 0.6.1's: left out of train_config.json at its default.
+    activation_checkpointing: ActivationCheckpointingConfig = field(
+        default_factory=ActivationCheckpointingConfig, metadata=OMIT_AT_DEFAULT
+    )
 
 
 @dataclass

@@ -67,3 +67,16 @@ def with_config_keys(message: str) -> str:
     if not keys:
         return message
     return f"{message} [config: {', '.join(keys)}]"
+
+
+def policy_fields(config: dict, given: dict, default: dict) -> dict:
+    """The run's ``train.policy`` mapping. Snakemake merges the config files of the command line
+    (``given``) over the workflow's ``default`` (config/config.yaml) key by key; when ``given``
+    names another policy type (``snakemake --configfile config/smolvla.yaml``) the default's
+    policy fields belong to its own type, and only the given ones are kept."""
+    merged = config.get("train", {}).get("policy", {})
+    theirs = given.get("train", {}).get("policy")
+    default_type = default.get("train", {}).get("policy", {}).get("type")
+    if not isinstance(theirs, dict) or theirs.get("type", default_type) == default_type:
+        return merged
+    return {key: merged[key] for key in theirs}

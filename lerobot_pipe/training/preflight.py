@@ -41,6 +41,7 @@ from lerobot_pipe.configs.parser import (
     split_flags,
 )
 from lerobot_pipe.configs.train import (
+    ACTIVATION_CHECKPOINTING_MODES,
     CHECKPOINT_FORMATS,
     MIXED_PRECISION_CHOICES,
     PEFT_METHODS,
@@ -255,6 +256,11 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"--seed={cfg.seed}: must be >= 0")
     _choice("checkpoint_format", cfg.checkpoint_format, CHECKPOINT_FORMATS)
     _choice("accelerator.mixed_precision", cfg.accelerator.mixed_precision, MIXED_PRECISION_CHOICES)
+    _choice(
+        "accelerator.activation_checkpointing.mode",
+        cfg.accelerator.activation_checkpointing.mode,
+        ACTIVATION_CHECKPOINTING_MODES,
+    )
     optimizer, scheduler = _validate_optimization(cfg)
     _refuse_unbuilt(cfg)
     _validate_env_eval(cfg)

@@ -29,6 +29,10 @@ from lerobot_pipe.checkpoint.stateful import TrainState
 from lerobot_pipe.configs.types import OBS_LANGUAGE_PREFIX
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
 from lerobot_pipe.datasets.prefetch import to_device
+from lerobot_pipe.distributed.activation_checkpointing import (
+    apply_activation_checkpointing,
+    checkpointed_units,
+)
 from lerobot_pipe.distributed.parallelize import (
     ShardingPlan,
     apply_parallelism,
@@ -371,6 +375,12 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     sharding = plan.sharding
     if sharding is not None:
         sharding = plan_units_on_the_real_model(plan, policy, trainee, pre, env.device)
+    if cfg.accelerator.activation_checkpointing.mode == "full":  # before sharding wraps them
+        units = sharding.wrap_units if sharding is not None else None
+        wrap_modules = cfg.accelerator.fsdp.wrap_modules
+        policy_units = type(policy)._fsdp_wrap_modules
+        checkpointed = checkpointed_units(trainee, wrap_modules, policy_units, units)
+        apply_activation_checkpointing(trainee, checkpointed)
     # FSDP2 neither shards nor reduces ignored parameters: their gradients are averaged here.
     ignored = sharding.ignored_parameters(trainee) if sharding is not None else []
     model = apply_parallelism(trainee, dims, env, cfg.accelerator, sharding)

@@ -4,11 +4,13 @@ tests/policies/test_lerobot_smolvla.py. Files are exchanged as safetensors and J
 Usage: python lerobot_smolvla_driver.py <jobs.json> <results.json>; each job is a dict with a
 "kind":
 - "defaults": LeRobot's SmolVLAConfig() encoded as its config.json holds it.
-- "run": LeRobot's SmolVLAPolicy.from_pretrained(policy_dir) and its processors through
-  make_pre_post_processors(pretrained_path=policy_dir) with lerobot-eval's overrides; for the raw
-  batch in ``inputs`` (+ ``tasks``): the preprocessed tokens and mask, the loss from the given
-  noise and time, and the actions from the given noise (postprocessed); its model's state-dict
-  keys.
+- "run": LeRobot's SmolVLAPolicy.from_pretrained(policy_dir) (with ``dataset_root``: the policy
+  as lerobot-eval builds it, ``make_policy``, which takes the PEFT path for an adapter folder) and
+  its processors through make_pre_post_processors(pretrained_path=policy_dir) with lerobot-eval's
+  overrides; for the raw batch in ``inputs`` (+ ``tasks``): the preprocessed tokens and mask, the
+  loss from the given noise and time, and the actions from the given noise (postprocessed); its
+  model's state-dict keys (a PeftModel's: its base policy's, and the adapter's as peft saves
+  them).
 - "init_and_save": a LeRobot-initialised SmolVLAPolicy (seeded) for our config.json (with
   ``load_vlm_weights`` it reads the VLM folder's weights), saved with its processors (built from
   ``stats``) into ``out_dir``; its state-dict keys and dtypes.
@@ -38,7 +40,24 @@ def defaults(job: dict) -> dict:
 
 def run(job: dict) -> dict:
     folder = Path(job["policy_dir"])
-    policy = SmolVLAPolicy.from_pretrained(str(folder))
+    keys = {}
+    if "dataset_root" in job:
+        from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+        from lerobot.policies.factory import make_policy
+
+        config = PreTrainedConfig.from_pretrained(str(folder))
+        config.pretrained_path = folder
+        config.device = "cpu"
+        meta = LeRobotDatasetMetadata("local/smolvla", root=job["dataset_root"])
+        policy = make_policy(config, ds_meta=meta)
+        if hasattr(policy, "get_base_model"):  # a PeftModel
+            from peft import get_peft_model_state_dict
+
+            keys["adapter_keys"] = sorted(get_peft_model_state_dict(policy))
+            keys["peft"] = type(policy).__name__
+    else:
+        policy = SmolVLAPolicy.from_pretrained(str(folder))
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     policy.eval()
     pre, post = make_pre_post_processors(
         policy.config,
@@ -57,8 +76,8 @@ def run(job: dict) -> dict:
         per_sample, _ = policy.forward(
             dict(processed), noise=raw["noise"], time=raw["time"], reduction="none"
         )
-        policy.reset()
-        actions = policy.predict_action_chunk(dict(processed), noise=raw["noise"])
+        base.reset()
+        actions = base.predict_action_chunk(dict(processed), noise=raw["noise"])
     out = {
         "tokens": processed["observation.language.tokens"].contiguous(),
         "mask": processed["observation.language.attention_mask"].contiguous(),
@@ -69,7 +88,9 @@ def run(job: dict) -> dict:
         "actions_post": post(actions),
     }
     save_file({k: v.contiguous() for k, v in out.items()}, job["out"])
-    return {"keys": sorted(policy.state_dict())}
+    if "adapter_keys" in keys:  # the base's names are the base checkpoint's (peft wraps layers)
+        return keys
+    return {"keys": sorted(base.state_dict())}
 
 
 def init_and_save(job: dict) -> dict:

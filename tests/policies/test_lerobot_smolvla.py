@@ -8,7 +8,11 @@ on a tiny local SmolVLM in fp32:
   batch both give the same tokens, the same loss from the same noise and time and the same
   actions from the same noise (1e-5);
 - a LeRobot-initialised, LeRobot-saved SmolVLA loads here strictly and gives LeRobot's loss and
-  actions.
+  actions;
+- our converted FSDP2 checkpoint and our LoRA adapter (trained on FSDP2, converted) load in
+  LeRobot as lerobot-eval loads them (``make_policy``, its PEFT path for the adapter) with exactly
+  their files' key sets and give the same loss and actions (1e-5);
+- a LeRobot SmolVLA checkpoint fine-tunes here with ``--policy.path`` on FSDP2 and resumes.
 
 LeRobot runs in its own environment (tests/upstream.py) as one subprocess for all jobs, driven by
 lerobot_smolvla_driver.py; it needs ``lerobot[smolvla]`` there (transformers, num2words).
@@ -102,8 +106,11 @@ def raw_inputs(cfg: SmolVLAConfig) -> dict[str, torch.Tensor]:
 
 
 def ours(folder: Path, inputs: dict[str, torch.Tensor], tasks: list[str] = TASKS) -> dict:
-    """Our policy and processors loaded from ``folder``, run as the driver runs LeRobot's."""
-    policy = SmolVLAPolicy.from_pretrained(folder)
+    """Our policy and processors loaded from ``folder`` (an adapter folder: merged into its
+    base), run as the driver runs LeRobot's."""
+    from lerobot_pipe.policies.peft import load_pretrained_policy
+
+    policy = load_pretrained_policy(folder)
     pre, post = make_pre_post_processors(
         policy.config,
         pretrained_path=folder,
@@ -268,6 +275,8 @@ def runs(tmp_path_factory, upstream_env) -> dict:
         "bf16_config": bf16_cfg,
         "vlm_weights": vlm_weights,
         "root": root,
+        "vlm": vlm,
+        "trained": trained,
         "lerobot_for_our_data": tmp / "lerobot_for_our_data",
         "lerobot_tasks": results[7]["tasks"],
     }
@@ -370,18 +379,124 @@ def test_dataset_items_carry_lerobots_task_strings(runs):
     assert len(set(runs["lerobot_tasks"])) == 2
 
 
-def test_we_fine_tune_lerobots_checkpoint(runs, tmp_path):
-    """--policy.path=<a LeRobot-written SmolVLA> trains here and its checkpoint starts from
-    LeRobot's weights."""
+# --- our sharded checkpoints in LeRobot; LeRobot's checkpoint fine-tuned here on FSDP2 ---------
+
+FSDP2 = ["--parallelism.dp_shard=2", "--checkpoint_format=dcp"]
+
+
+@pytest.fixture(scope="module")
+def sharded(runs, tmp_path_factory, upstream_env) -> dict:
+    """One 2-process FSDP2 run per case, converted: a SmolVLA trained from scratch; LoRA (LeRobot's
+    default SmolVLA targets) on our single-process checkpoint; LeRobot's checkpoint fine-tuned with
+    ``--policy.path`` (checkpoints at steps 1 and 2) and resumed from step 1 on FSDP2 again. Then
+    LeRobot loads the first two as lerobot-eval does (``make_policy``: the PEFT path for the
+    adapter) and runs them, in one LeRobot process."""
+    from launch import run_distributed
     from tiny import run_train
 
+    from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
+    from lerobot_pipe.scripts.convert_dcp import main as convert_dcp
+
+    tmp = tmp_path_factory.mktemp("smolvla_sharded_interop")
+    root = runs["root"]
+    scratch = {
+        "policy.type": "smolvla",
+        "policy.vlm_model_name": str(runs["vlm"]),
+        **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
+        "policy.resize_imgs_with_padding": "[32,32]",
+        "policy.train_expert_only": "false",
+    }
+    # A large learning rate: two steps move the adapter far from its zero start.
+    lora = {"policy.path": str(runs["trained"]), "peft.r": 4, "policy.optimizer_lr": 0.01}
+    fine_tune = {"policy.path": str(runs["lerobot_for_our_data"]), "save_freq": 1, "log_freq": 1}
+    folders = {}
+    for name, flags in [("fsdp2", scratch), ("lora", lora), ("fine_tune", fine_tune)]:
+        out = tmp / name
+        run_distributed(run_train, 2, [*train_flags(root, out, **flags), *FSDP2])
+        assert convert_dcp([f"--checkpoint_dir={out / 'checkpoints/000002'}"]) == 0
+        folders[name] = out / "checkpoints/000002/pretrained_model"
+    resumed = tmp / "resumed"
+    resume = [
+        "--resume=true",
+        f"--config_path={tmp / 'fine_tune/checkpoints/000001'}",
+        f"--output_dir={resumed}",
+        "--steps=2",
+    ]
+    run_distributed(run_train, 2, resume)
+    inputs = tmp / "inputs_trained.safetensors"
+    save_file(trained_inputs(SmolVLAConfig.from_pretrained(folders["fsdp2"])), str(inputs))
+    jobs = [
+        {"kind": "run", "policy_dir": str(folders[name]), "inputs": str(inputs),
+         "tasks": TRAINED_TASKS, "dataset_root": str(root), "out": str(tmp / f"{name}.safetensors")}
+        for name in ("fsdp2", "lora")
+    ]  # fmt: skip
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    UPSTREAM.run_script(
+        DRIVER, tmp / "jobs.json", tmp / "results.json", home=tmp / "hf", timeout=300,
+        **upstream_env,
+    )  # fmt: skip
+    results = json.loads((tmp / "results.json").read_text())
+    raw = load_file(str(inputs))
+    return {
+        **{
+            f"on_{name}": {**load_file(str(tmp / f"{name}.safetensors")), **result}
+            for name, result in zip(("fsdp2", "lora"), results, strict=True)
+        },
+        "ours_on_fsdp2": ours(folders["fsdp2"], raw, TRAINED_TASKS),
+        "ours_on_lora": ours(folders["lora"], raw, TRAINED_TASKS),
+        "folders": folders,
+        "fine_tune": tmp / "fine_tune",
+        "resumed": resumed,
+    }
+
+
+def test_our_converted_fsdp2_checkpoint_loads_in_lerobot_with_exactly_its_keys(sharded):
+    keys = sorted(load_file(str(sharded["folders"]["fsdp2"] / "model.safetensors")))
+    assert sharded["on_fsdp2"]["keys"] == keys == sharded["ours_on_fsdp2"]["keys"]
+
+
+def test_our_fsdp2_lora_adapter_loads_in_lerobot_with_exactly_its_keys(sharded):
+    """LeRobot took the PEFT path (config.json's use_peft; the base named by adapter_config.json)
+    and its PeftModel holds exactly the adapter file's tensors: LeRobot's default SmolVLA targets."""
+    folder = sharded["folders"]["lora"]
+    assert not (folder / "model.safetensors").exists()
+    assert json.loads((folder / "config.json").read_text())["use_peft"] is True
+    adapter = sorted(load_file(str(folder / "adapter_model.safetensors")))
+    assert sharded["on_lora"]["peft"] == "PeftModel"
+    assert sharded["on_lora"]["adapter_keys"] == adapter
+    modules = {k.split(".lora_")[0].removeprefix("base_model.model.model.") for k in adapter}
+    assert modules == {
+        *(f"vlm_with_expert.lm_expert.layers.{i}.self_attn.{p}_proj" for i in (0, 1) for p in "qv"),
+        "state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in",
+        "action_time_mlp_out",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("which", ["fsdp2", "lora"])
+def test_same_tokens_loss_and_actions_on_our_sharded_checkpoints(sharded, runs, which):
+    lerobot, mine = sharded[f"on_{which}"], sharded[f"ours_on_{which}"]
+    assert torch.equal(lerobot["tokens"], mine["tokens"])
+    assert torch.equal(lerobot["mask"], mine["mask"])
+    for key in ("loss", "per_sample", "actions", "actions_post"):
+        torch.testing.assert_close(mine[key], lerobot[key], rtol=1e-5, atol=1e-5, msg=key)
+    if which == "lora":  # the adapter acts: its base alone gives other actions
+        base = runs["ours_on_trained"]["actions"]
+        assert (lerobot["actions"] - base).abs().max() > 100 * 1e-5
+
+
+def test_we_fine_tune_lerobots_checkpoint_on_fsdp2_and_resume(runs, sharded):
+    """--policy.path=<a LeRobot-written SmolVLA> trains here on FSDP2 (2 processes) from
+    LeRobot's weights; resumed from its step-1 checkpoint it goes on as the uninterrupted run."""
+    from tiny import losses
+
     lerobot = runs["lerobot_for_our_data"]
-    out = tmp_path / "ft"
-    run_train(train_flags(runs["root"], out, **{"policy.path": str(lerobot), "steps": 1}))
-    tuned = load_file(str(out / "checkpoints/last/pretrained_model/model.safetensors"))
+    tuned = load_file(str(sharded["folders"]["fine_tune"] / "model.safetensors"))
     start = load_file(str(lerobot / "model.safetensors"))
     assert tuned.keys() == start.keys()
     frozen = "model.vlm_with_expert.vlm.model.vision_model.embeddings.patch_embedding.weight"
     assert torch.equal(tuned[frozen], start[frozen])  # frozen: LeRobot's weights, unchanged
     head = "model.action_out_proj.weight"
-    assert not torch.equal(tuned[head], start[head])  # trained one step from LeRobot's
+    assert not torch.equal(tuned[head], start[head])  # trained from LeRobot's
+    uninterrupted, resumed = losses(sharded["fine_tune"]), losses(sharded["resumed"])
+    assert uninterrupted.keys() == {1, 2} and resumed.keys() == {2}
+    assert abs(resumed[2] - uninterrupted[2]) < 1e-6
