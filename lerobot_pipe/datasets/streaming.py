@@ -1,0 +1,409 @@
+"""A LeRobot v3.0 dataset read from the Hub as training consumes it (``--dataset.streaming=true``).
+
+The metadata (``meta/``: info, stats, tasks, episodes) is fetched first, at the commit the
+revision points to when the run starts (:func:`~lerobot_pipe.datasets.hub_files.resolve_revision`;
+the sha is saved in every checkpoint, so a resume reads the same bytes). It gives the dataset its
+features, statistics and episode bounds without any data file. A sample is then built where the
+map-style path builds it: :meth:`StreamingLeRobotDataset.get_batch` groups the requested rows by
+episode, opens each episode as a one-episode map-style :class:`LeRobotDataset` over a view folder
+whose data and video files are links into a :class:`HubFileCache` (fetched when first needed,
+pinned while the episode is open, evicted after), and asks it for the rows. Windows and padding
+masks at episode edges, camera decoding and its checks, ``task`` strings and image transforms are
+therefore the map-style code's, and row positions are the map-style dataset's: position ``i``
+here is the sample ``LeRobotDataset(...)[i]`` over the same episodes. Which rows are read when is
+the sampler's business (:mod:`lerobot_pipe.datasets.stream_sampler`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lerobot_pipe.configs.train import ImageTransformsConfig
+from lerobot_pipe.constants import DATASET_INFO, DATASET_VIDEO_PATH
+from lerobot_pipe.datasets.cameras import CameraError, frame_shape
+from lerobot_pipe.datasets.hub_files import HubFileCache, resolve_revision
+from lerobot_pipe.datasets.lerobot_dataset import (
+    CAMERA_DTYPES,
+    DEFAULT_TOLERANCE_S,
+    IMAGENET_STATS,
+    META_COLUMNS,
+    NUMERIC_DTYPES,
+    DatasetError,
+    LeRobotDataset,
+    _read_episodes,
+    _read_info,
+    _read_stats,
+    _read_tasks,
+)
+from lerobot_pipe.datasets.transforms import ImageTransforms
+
+META_PATTERNS = ["meta/**"]
+DEFAULT_CACHE_MB = 2048  # --dataset.streaming_cache_mb's default
+# Episodes kept open (their files pinned) after their last read: the shuffle buffer spans a few.
+DEFAULT_OPEN_EPISODES = 8
+_FILES_DIR = "files"
+_VIEWS_DIR = "views"
+_META_DIR = "meta"
+
+
+def fetch_metadata(
+    repo_id: str,
+    revision: str,
+    folder: Path,
+    *,
+    repo_type: str = "dataset",
+    endpoint: str | None = None,
+    token: str | None = None,
+) -> Path:
+    """``meta/`` of the repo at commit ``revision`` into ``folder`` (which then holds
+    ``meta/info.json``, ...); the folder."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(
+            repo_id,
+            repo_type=repo_type,
+            revision=revision,
+            local_dir=folder,
+            allow_patterns=META_PATTERNS,
+            endpoint=endpoint,
+            token=token,
+        )
+    except Exception as exc:
+        raise DatasetError(
+            f"streaming dataset {repo_id}@{revision[:12]}: fetching meta/ failed: "
+            f"{type(exc).__name__}: {str(exc).rstrip('.')}. Check the repo_id, your network and "
+            "HF_TOKEN."
+        ) from exc
+    path = Path(path)
+    if not (path / DATASET_INFO).is_file():
+        raise DatasetError(
+            f"{repo_id}@{revision[:12]}: {DATASET_INFO} not found; the repository is not a "
+            "LeRobot v3.0 dataset."
+        )
+    return path
+
+
+class StreamingLeRobotDataset:
+    """The dataset ``repo_id`` on the Hub, with the map-style dataset's row positions and samples.
+
+    ``cache_dir`` holds the metadata, the fetched files (at most ``cache_mb`` MiB of them) and
+    the per-episode view folders; it is emptied of a previous run's files at start.
+    ``revision`` is a branch, tag or commit; :attr:`revision` is the commit sha it resolved to.
+    The other arguments are :class:`LeRobotDataset`'s.
+    """
+
+    def __init__(
+        self,
+        repo_id: str,
+        cache_dir: str | Path,
+        *,
+        revision: str | None = None,
+        cache_mb: float = DEFAULT_CACHE_MB,
+        delta_timestamps: dict[str, list[float]] | None = None,
+        episodes: list[int] | None = None,
+        video_backend: str | None = None,
+        tolerance_s: float = DEFAULT_TOLERANCE_S,
+        image_transforms: ImageTransformsConfig | None = None,
+        use_imagenet_stats: bool = True,
+        repo_type: str = "dataset",
+        endpoint: str | None = None,
+        token: str | None = None,
+        open_episodes: int = DEFAULT_OPEN_EPISODES,
+    ) -> None:
+        self.repo_id = repo_id
+        self.cache_dir = Path(cache_dir)
+        self.revision = resolve_revision(
+            repo_id, revision, repo_type=repo_type, endpoint=endpoint, token=token
+        )
+        meta_root = self.cache_dir / _META_DIR / self.revision
+        self.root = fetch_metadata(
+            repo_id, self.revision, meta_root, repo_type=repo_type, endpoint=endpoint, token=token
+        )
+        self.files = HubFileCache(
+            repo_id,
+            self.revision,
+            self.cache_dir / _FILES_DIR,
+            int(cache_mb * 2**20),
+            repo_type=repo_type,
+            endpoint=endpoint,
+            token=token,
+        )
+        self.info = _read_info(self.root)
+        self.fps = int(self.info["fps"])
+        self.features: dict[str, dict[str, Any]] = self.info["features"]
+        self.tolerance_s = tolerance_s
+        self.data_keys = [
+            k
+            for k, ft in self.features.items()
+            if k not in META_COLUMNS and ft.get("dtype") in NUMERIC_DTYPES
+        ]
+        self.video_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "video"]
+        self.image_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "image"]
+        self.camera_keys = [
+            k for k, ft in self.features.items() if ft.get("dtype") in CAMERA_DTYPES
+        ]
+        try:
+            self.camera_shapes = {
+                key: frame_shape(key, self.features[key], self.root / DATASET_INFO)
+                for key in self.camera_keys
+            }
+        except CameraError as exc:
+            raise DatasetError(str(exc)) from None
+        self.stats = _read_stats(self.root, self.features, self.data_keys, self.camera_shapes)
+        if use_imagenet_stats:
+            for key in self.camera_keys:
+                self.stats.setdefault(key, {}).update(
+                    {
+                        name: np.asarray(value, dtype=np.float32).reshape(-1, 1, 1)
+                        for name, value in IMAGENET_STATS.items()
+                    }
+                )
+        self.tasks = _read_tasks(self.root)
+        self.episodes = episodes
+        self.delta_timestamps = delta_timestamps or {}
+        self.video_backend = video_backend
+        self.image_transforms_config = image_transforms or ImageTransformsConfig()
+        self.image_transforms = ImageTransforms(self.image_transforms_config)
+        self.use_imagenet_stats = use_imagenet_stats
+        self._read_episode_table()
+        self._open: OrderedDict[int, tuple[LeRobotDataset, list[str]]] = OrderedDict()
+        self._in_use: dict[int, int] = {}
+        self._open_limit = max(1, open_episodes)
+        self._lock = threading.RLock()
+        shutil.rmtree(self.cache_dir / _VIEWS_DIR, ignore_errors=True)
+
+    def _read_episode_table(self) -> None:
+        table = _read_episodes(self.root, self.episodes)
+        where = self.root / "meta/episodes"
+        if table is None:
+            raise DatasetError(f"{where}: no episodes metadata; the repository is incomplete.")
+        needed = ["dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index"]
+        needed += [
+            f"videos/{k}/{c}" for k in self.video_keys for c in ("chunk_index", "file_index")
+        ]
+        missing = [c for c in needed if c not in table]
+        if missing:
+            raise DatasetError(f"{where}: columns {missing} are missing; the metadata is corrupt.")
+        if self.episodes is not None:
+            absent = sorted(set(self.episodes) - set(table["episode_index"].tolist()))
+            if absent:
+                raise DatasetError(
+                    f"{self.repo_id}: episodes {absent} are not in the dataset "
+                    f"({self.info.get('total_episodes', '?')} episodes)."
+                )
+        order = np.argsort(table["dataset_from_index"], kind="stable")
+        self._table = {name: values[order] for name, values in table.items()}
+        lengths = (self._table["dataset_to_index"] - self._table["dataset_from_index"]).astype(
+            np.int64
+        )
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        self._episode_bounds = (starts, ends)
+        self.num_episodes = len(starts)
+        self.num_frames = int(ends[-1]) if len(ends) else 0
+        self._episode_ids = self._table["episode_index"].astype(np.int64)
+        self._row_episode = np.repeat(self._episode_ids, lengths)
+        self._row_task = np.repeat(self._first_task_index(), lengths)
+
+    def _first_task_index(self) -> np.ndarray:
+        """Each episode's first task (meta/episodes ``tasks``) as a task index: the per-row
+        ``task_index`` the held-out split groups by, known before any data file is read."""
+        if self.tasks is None:
+            return np.zeros(self.num_episodes, np.int64)
+        from lerobot_pipe.training.heldout import episode_first_tasks
+
+        by_name = {task: i for i, task in enumerate(self.tasks)}
+        firsts = episode_first_tasks(self.root, self._episode_ids.tolist())
+        return np.asarray([by_name.get(firsts.get(e, ""), 0) for e in self._episode_ids], np.int64)
+
+    # ------------------------------------------------------------------ the map-style surface
+
+    @property
+    def episode_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._episode_bounds
+
+    @property
+    def episode_index(self) -> np.ndarray:
+        view = self._row_episode.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def task_index(self) -> np.ndarray:
+        view = self._row_task.view()
+        view.flags.writeable = False
+        return view
+
+    def __len__(self) -> int:
+        return self.num_frames
+
+    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        if not -self.num_frames <= idx < self.num_frames:
+            raise IndexError(f"index {idx} out of range for {self.num_frames} frames")
+        return {key: value[0] for key, value in self.get_batch([idx % self.num_frames]).items()}
+
+    def prepare_cameras(
+        self, batch: dict[str, torch.Tensor], sample_keys: np.ndarray | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The map-style finishing step (uint8 -> float32, image transforms)."""
+        return LeRobotDataset.prepare_cameras(self, batch, sample_keys)  # type: ignore[arg-type]
+
+    def get_batch(
+        self,
+        indices: np.ndarray | list[int],
+        *,
+        sample_keys: np.ndarray | None = None,
+        raw_cameras: bool = False,
+        pin_memory: bool = False,
+    ) -> dict[str, Any]:
+        """:meth:`LeRobotDataset.get_batch` of the same rows: each episode's rows from its
+        one-episode dataset, put back in the requested order."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.ndim != 1 or not idx.size:
+            raise IndexError(f"indices must be a non-empty 1-D array, got shape {list(idx.shape)}")
+        if idx.min() < 0 or idx.max() >= self.num_frames:
+            raise IndexError(
+                f"indices must lie in [0, {self.num_frames}), got [{idx.min()}, {idx.max()}]"
+            )
+        starts, _ = self._episode_bounds
+        position = np.searchsorted(starts, idx, side="right") - 1
+        parts: list[tuple[np.ndarray, dict[str, Any]]] = []
+        for pos in np.unique(position):
+            where = np.flatnonzero(position == pos)
+            episode = int(self._episode_ids[pos])
+            dataset = self._acquire(episode)
+            try:
+                part = dataset.get_batch(idx[where] - starts[pos], raw_cameras=True)
+            finally:
+                self._release(episode)
+            parts.append((where, part))
+        batch = _merge(parts, len(idx))
+        if pin_memory:
+            batch = {
+                k: v.pin_memory() if isinstance(v, torch.Tensor) and k in self.camera_keys else v
+                for k, v in batch.items()
+            }
+        if not raw_cameras:
+            batch = self.prepare_cameras(batch, sample_keys)
+        return batch
+
+    # ------------------------------------------------------------------ episodes through the cache
+
+    def episode_files(self, episode: int) -> list[str]:
+        """Repository paths of the data and video files episode ``episode`` lives in."""
+        hits = np.flatnonzero(self._episode_ids == episode)
+        if not len(hits):
+            raise DatasetError(f"{self.repo_id}: episode {episode} is not in this dataset")
+        pos = int(hits[0])
+        data_path = self.info["data_path"]
+        files = [
+            data_path.format(
+                chunk_index=int(self._table["data/chunk_index"][pos]),
+                file_index=int(self._table["data/file_index"][pos]),
+            )
+        ]
+        template = self.info.get("video_path") or DATASET_VIDEO_PATH
+        for key in self.video_keys:
+            files.append(
+                template.format(
+                    video_key=key,
+                    chunk_index=int(self._table[f"videos/{key}/chunk_index"][pos]),
+                    file_index=int(self._table[f"videos/{key}/file_index"][pos]),
+                )
+            )
+        return files
+
+    def _acquire(self, episode: int) -> LeRobotDataset:
+        with self._lock:
+            opened = self._open.get(episode)
+            if opened is None:
+                self._close_idle(room=1)  # its files may need the room of an idle episode's
+                opened = self._open_episode(episode)
+                self._open[episode] = opened
+            self._open.move_to_end(episode)
+            self._in_use[episode] = self._in_use.get(episode, 0) + 1
+            self._close_idle()
+            return opened[0]
+
+    def _release(self, episode: int) -> None:
+        with self._lock:
+            self._in_use[episode] -= 1
+            if not self._in_use[episode]:
+                del self._in_use[episode]
+            self._close_idle()
+
+    def _close_idle(self, room: int = 0) -> None:
+        """Close the least recently used episodes beyond the open limit (less ``room``), not
+        those in use."""
+        for episode in list(self._open):
+            if len(self._open) <= self._open_limit - room:
+                break
+            if episode not in self._in_use:
+                self._close_episode(episode)
+
+    def _open_episode(self, episode: int) -> tuple[LeRobotDataset, list[str]]:
+        paths = self.episode_files(episode)
+        view = self.cache_dir / _VIEWS_DIR / f"episode-{episode}"
+        shutil.rmtree(view, ignore_errors=True)
+        (view / "meta").parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(self.root / "meta", view / "meta", target_is_directory=True)
+        acquired: list[str] = []
+        try:
+            for path in paths:
+                local = self.files.acquire(path)
+                acquired.append(path)
+                (view / path).parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(local, view / path)
+            dataset = LeRobotDataset(
+                view,
+                delta_timestamps=self.delta_timestamps or None,
+                episodes=[episode],
+                video_backend=self.video_backend,
+                tolerance_s=self.tolerance_s,
+                image_transforms=self.image_transforms_config,
+                use_imagenet_stats=self.use_imagenet_stats,
+            )
+        except BaseException:
+            for path in acquired:
+                self.files.release(path)
+            shutil.rmtree(view, ignore_errors=True)
+            raise
+        return dataset, acquired
+
+    def _close_episode(self, episode: int) -> None:
+        _, paths = self._open.pop(episode)
+        for path in paths:
+            self.files.release(path)
+        shutil.rmtree(self.cache_dir / _VIEWS_DIR / f"episode-{episode}", ignore_errors=True)
+
+    def close(self) -> None:
+        """Close every open episode (their files become evictable)."""
+        with self._lock:
+            for episode in list(self._open):
+                self._close_episode(episode)
+
+
+def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], size: int) -> dict[str, Any]:
+    """Batches of disjoint row subsets (``where`` positions in the whole batch) as one batch."""
+    if len(parts) == 1:
+        return parts[0][1]
+    order = np.argsort(np.concatenate([where for where, _ in parts]), kind="stable")
+    out: dict[str, Any] = {}
+    for key, first in parts[0][1].items():
+        if isinstance(first, torch.Tensor):
+            joined = torch.cat([part[key] for _, part in parts])
+            out[key] = joined[torch.from_numpy(order)].contiguous()
+        else:
+            joined_list = [item for _, part in parts for item in part[key]]
+            out[key] = [joined_list[i] for i in order.tolist()]
+    assert all(len(v) == size for v in out.values())
+    return out
