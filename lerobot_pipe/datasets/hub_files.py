@@ -151,7 +151,7 @@ class HubFileCache:
                 return self.local_path(path)
             self._loading.add(path)
         try:
-            size = self._fetch(path)
+            self._fetch(path)
         except BaseException:
             with self._lock:
                 self._loading.discard(path)

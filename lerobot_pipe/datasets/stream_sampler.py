@@ -283,3 +283,38 @@ class StreamSampler:
             "base_epoch": self.base_epoch,
             "carry": [c.tolist() for c in self.carry],
         }
+
+
+class StreamState:
+    """The checkpoint part of a streaming run (torch's ``Stateful``): the dataset's commit sha
+    and the sampler's :meth:`StreamSampler.state_dict`. Loading keeps the saved state for the
+    sampler the loop builds (:meth:`attach`), which continues it."""
+
+    def __init__(self, revision: str) -> None:
+        self.revision = revision
+        self.sampler: StreamSampler | None = None
+        self.saved: dict[str, Any] | None = None
+
+    def attach(self, sampler: StreamSampler) -> StreamSampler:
+        """``sampler`` continued from the loaded state (if any); saved from now on."""
+        if self.saved is not None:
+            sampler.rebase(self.saved)
+        else:
+            sampler.base_sample = sampler.samples_consumed  # no saved stream: epoch 0 from here
+        self.sampler = sampler
+        return sampler
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.sampler is None:
+            if self.saved is None:
+                raise RuntimeError("StreamState has no sampler attached and nothing loaded")
+            return self.saved
+        return {"revision": self.revision, **self.sampler.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict["revision"] != self.revision:
+            raise ValueError(
+                f"the checkpoint streamed the dataset at commit {state_dict['revision']}, this "
+                f"run opened it at {self.revision}"
+            )
+        self.saved = dict(state_dict)
