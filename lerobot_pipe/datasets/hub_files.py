@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -72,16 +73,12 @@ def _mib(size: int) -> str:
 
 
 def _http_error() -> type[Exception]:
-    """The transport error class of huggingface_hub's HTTP client (httpx2 from huggingface_hub
-    2.x on, httpx before)."""
-    try:
-        import httpx2
+    """The transport error class of the HTTP client huggingface_hub's session is built on
+    (httpx2 from huggingface_hub 2.x on, httpx before), without naming either."""
+    from huggingface_hub import get_session
 
-        return httpx2.HTTPError
-    except ImportError:
-        import httpx
-
-        return httpx.HTTPError
+    package = type(get_session()).__module__.split(".")[0]
+    return sys.modules[package].HTTPError
 
 
 @dataclass

@@ -162,3 +162,31 @@ def test_a_file_larger_than_the_cache_is_refused_with_the_flag(hub_repo, tmp_pat
     dataset = _stream(hub_repo, tmp_path / "cache", cache_mb=0.001)
     with pytest.raises(DatasetError, match="--dataset.streaming_cache_mb"):
         dataset.get_batch([0])
+
+
+def test_eval_split_holds_out_the_same_episodes_and_the_stream_never_draws_them(stream, map_style):
+    from lerobot_pipe.training.heldout import plan_split, train_episode_mask
+
+    ours, theirs = plan_split(stream, 0.3, 5), plan_split(map_style, 0.3, 5)
+    assert ours.train_episodes == theirs.train_episodes
+    assert ours.eval_episodes == theirs.eval_episodes and ours.eval_episodes
+    np.testing.assert_array_equal(ours.rows, theirs.rows)
+    keep = train_episode_mask(stream, ours)
+    starts, ends = stream.episode_bounds
+    drawable = np.concatenate(
+        [np.arange(a, b) for a, b in zip(starts[keep], ends[keep], strict=True)]
+    )
+    sampler = StreamSampler(stream.episode_bounds, 3, 0, 1, seed=0, indices=drawable)
+    rows, _ = sampler.draws(0, 0, 3 * len(stream))
+    assert not set(stream.episode_index[rows].tolist()) & set(ours.eval_episodes)
+    assert_same_samples(map_style.get_batch(ours.rows), stream.get_batch(ours.rows))
+
+
+def test_streaming_without_a_repo_id_is_refused_before_launch(tmp_path):
+    from lerobot_pipe.training.preflight import ConfigError, parse_train_config, validate_config
+
+    cfg, _ = parse_train_config(
+        ["--policy.type=act", f"--dataset.root={tmp_path}", "--dataset.streaming=true"]
+    )
+    with pytest.raises(ConfigError, match="--dataset.repo_id"):
+        validate_config(cfg)
