@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,7 @@ class HubFileCache:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         retries: int = 8,
         backoff_s: float = 0.5,
+        on_full: Callable[[], bool] | None = None,
     ) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
@@ -116,6 +118,9 @@ class HubFileCache:
         self.chunk_bytes = chunk_bytes
         self.retries = retries
         self.backoff_s = backoff_s
+        # Called (under this cache's lock) when pinned files leave no room: the reader unpins
+        # some (closes an idle episode) and says whether it did.
+        self.on_full = on_full
         self.bytes_fetched = 0  # body bytes received, retries included
         self.peak_bytes = 0  # the most the cache folder held at once
         self.fetches: dict[str, int] = {}  # path -> times fetched
@@ -168,19 +173,27 @@ class HubFileCache:
                 raise RuntimeError(f"{path}: released more often than acquired")
             entry.pins -= 1
 
+    def _evict_unpinned(self, size: int) -> int:
+        """Evict unpinned files, oldest first, until ``size`` more bytes fit; the bytes left."""
+        used = sum(e.size for e in self._entries.values())
+        for name in list(self._entries):
+            if used + size <= self.max_bytes:
+                break
+            entry = self._entries[name]
+            if entry.pins == 0:
+                self.local_path(name).unlink(missing_ok=True)
+                used -= entry.size
+                del self._entries[name]
+        return used
+
     def _make_room(self, path: str, size: int) -> None:
         """Evict unpinned files (oldest first) until ``size`` more bytes fit; DatasetError when
         the pinned files leave no room. Reserves the room by recording ``path``'s size."""
         with self._lock:
-            used = sum(e.size for e in self._entries.values())
-            for name in list(self._entries):
-                if used + size <= self.max_bytes:
+            while True:
+                used = self._evict_unpinned(size)
+                if used + size <= self.max_bytes or self.on_full is None or not self.on_full():
                     break
-                entry = self._entries[name]
-                if entry.pins == 0:
-                    self.local_path(name).unlink(missing_ok=True)
-                    used -= entry.size
-                    del self._entries[name]
             if used + size > self.max_bytes:
                 pinned = [n for n, e in self._entries.items() if e.pins]
                 raise DatasetError(

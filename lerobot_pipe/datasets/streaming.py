@@ -5,9 +5,10 @@ revision points to when the run starts (:func:`~lerobot_pipe.datasets.hub_files.
 the sha is saved in every checkpoint, so a resume reads the same bytes). It gives the dataset its
 features, statistics and episode bounds without any data file. A sample is then built where the
 map-style path builds it: :meth:`StreamingLeRobotDataset.get_batch` groups the requested rows by
-episode, opens each episode as a one-episode map-style :class:`LeRobotDataset` over a view folder
-whose data and video files are links into a :class:`HubFileCache` (fetched when first needed,
-pinned while the episode is open, evicted after), and asks it for the rows. Windows and padding
+file group (the episodes that live in the same data and video files), opens each group as a
+map-style :class:`LeRobotDataset` of those episodes over a view folder whose files are links
+into a :class:`HubFileCache` (fetched when first needed, pinned while the group is open,
+evicted after), and asks it for the rows. Windows and padding
 masks at episode edges, camera decoding and its checks, ``task`` strings and image transforms are
 therefore the map-style code's, and row positions are the map-style dataset's: position ``i``
 here is the sample ``LeRobotDataset(...)[i]`` over the same episodes. Which rows are read when is
@@ -47,8 +48,11 @@ from lerobot_pipe.datasets.transforms import ImageTransforms
 
 META_PATTERNS = ["meta/**"]
 DEFAULT_CACHE_MB = 2048  # --dataset.streaming_cache_mb's default
-# Episodes kept open (their files pinned) after their last read: the shuffle buffer spans a few.
-DEFAULT_OPEN_EPISODES = 8
+# File groups (the episodes that live in the same data and video files) kept open, their
+# decoders and their files pinned, after their last read: at least those a shuffle buffer spans,
+# or the stream reopens them batch after batch. Idle groups are also closed, oldest first, when
+# the cache needs their files' room.
+DEFAULT_OPEN_GROUPS = 64
 _FILES_DIR = "files"
 _VIEWS_DIR = "views"
 _META_DIR = "meta"
@@ -117,7 +121,7 @@ class StreamingLeRobotDataset:
         repo_type: str = "dataset",
         endpoint: str | None = None,
         token: str | None = None,
-        open_episodes: int = DEFAULT_OPEN_EPISODES,
+        open_groups: int = DEFAULT_OPEN_GROUPS,
     ) -> None:
         self.repo_id = repo_id
         self.cache_dir = Path(cache_dir)
@@ -136,6 +140,7 @@ class StreamingLeRobotDataset:
             repo_type=repo_type,
             endpoint=endpoint,
             token=token,
+            on_full=self._close_oldest_idle,
         )
         self.info = _read_info(self.root)
         self.fps = int(self.info["fps"])
@@ -177,7 +182,7 @@ class StreamingLeRobotDataset:
         self._read_episode_table()
         self._open: OrderedDict[int, tuple[LeRobotDataset, list[str]]] = OrderedDict()
         self._in_use: dict[int, int] = {}
-        self._open_limit = max(1, open_episodes)
+        self._open_limit = max(1, open_groups)
         self._lock = threading.RLock()
         shutil.rmtree(self.cache_dir / _VIEWS_DIR, ignore_errors=True)
 
@@ -213,6 +218,18 @@ class StreamingLeRobotDataset:
         self._episode_ids = self._table["episode_index"].astype(np.int64)
         self._row_episode = np.repeat(self._episode_ids, lengths)
         self._row_task = np.repeat(self._first_task_index(), lengths)
+        # Episodes that live in the same files open as one map-style dataset (one decoder per
+        # file, each batch's frames of a file decoded in one call, as the map-style path does).
+        keys = [tuple(self._files_at(pos)) for pos in range(self.num_episodes)]
+        self._groups = list(dict.fromkeys(keys))
+        group_of = {key: g for g, key in enumerate(self._groups)}
+        self._episode_group = np.asarray([group_of[k] for k in keys], np.int64)
+        # Each episode's first row within its group's dataset (which sorts rows by index, the
+        # order of the episodes here too).
+        self._group_offset = np.zeros(self.num_episodes, np.int64)
+        for g in range(len(self._groups)):
+            members = np.flatnonzero(self._episode_group == g)
+            self._group_offset[members] = np.cumsum(lengths[members]) - lengths[members]
 
     def _first_task_index(self) -> np.ndarray:
         """Each episode's first task (meta/episodes ``tasks``) as a task index: the per-row
@@ -265,8 +282,8 @@ class StreamingLeRobotDataset:
         raw_cameras: bool = False,
         pin_memory: bool = False,
     ) -> dict[str, Any]:
-        """:meth:`LeRobotDataset.get_batch` of the same rows: each episode's rows from its
-        one-episode dataset, put back in the requested order."""
+        """:meth:`LeRobotDataset.get_batch` of the same rows: each file group's rows from its
+        map-style dataset, put back in the requested order."""
         idx = np.asarray(indices, dtype=np.int64)
         if idx.ndim != 1 or not idx.size:
             raise IndexError(f"indices must be a non-empty 1-D array, got shape {list(idx.shape)}")
@@ -276,15 +293,16 @@ class StreamingLeRobotDataset:
             )
         starts, _ = self._episode_bounds
         position = np.searchsorted(starts, idx, side="right") - 1
+        local = idx - starts[position] + self._group_offset[position]
+        group = self._episode_group[position]
         parts: list[tuple[np.ndarray, dict[str, Any]]] = []
-        for pos in np.unique(position):
-            where = np.flatnonzero(position == pos)
-            episode = int(self._episode_ids[pos])
-            dataset = self._acquire(episode)
+        for g in np.unique(group).tolist():
+            where = np.flatnonzero(group == g)
+            dataset = self._acquire(g)
             try:
-                part = dataset.get_batch(idx[where] - starts[pos], raw_cameras=True)
+                part = dataset.get_batch(local[where], raw_cameras=True)
             finally:
-                self._release(episode)
+                self._release(g)
             parts.append((where, part))
         batch = _merge(parts, len(idx))
         if pin_memory:
@@ -303,7 +321,9 @@ class StreamingLeRobotDataset:
         hits = np.flatnonzero(self._episode_ids == episode)
         if not len(hits):
             raise DatasetError(f"{self.repo_id}: episode {episode} is not in this dataset")
-        pos = int(hits[0])
+        return self._files_at(int(hits[0]))
+
+    def _files_at(self, pos: int) -> list[str]:
         data_path = self.info["data_path"]
         files = [
             data_path.format(
@@ -322,37 +342,47 @@ class StreamingLeRobotDataset:
             )
         return files
 
-    def _acquire(self, episode: int) -> LeRobotDataset:
+    def _acquire(self, group: int) -> LeRobotDataset:
         with self._lock:
-            opened = self._open.get(episode)
+            opened = self._open.get(group)
             if opened is None:
-                self._close_idle(room=1)  # its files may need the room of an idle episode's
-                opened = self._open_episode(episode)
-                self._open[episode] = opened
-            self._open.move_to_end(episode)
-            self._in_use[episode] = self._in_use.get(episode, 0) + 1
+                self._close_idle(room=1)  # its files may need the room of an idle group's
+                opened = self._open_group(group)
+                self._open[group] = opened
+            self._open.move_to_end(group)
+            self._in_use[group] = self._in_use.get(group, 0) + 1
             self._close_idle()
             return opened[0]
 
-    def _release(self, episode: int) -> None:
+    def _release(self, group: int) -> None:
         with self._lock:
-            self._in_use[episode] -= 1
-            if not self._in_use[episode]:
-                del self._in_use[episode]
+            self._in_use[group] -= 1
+            if not self._in_use[group]:
+                del self._in_use[group]
             self._close_idle()
 
     def _close_idle(self, room: int = 0) -> None:
-        """Close the least recently used episodes beyond the open limit (less ``room``), not
+        """Close the least recently used file groups beyond the open limit (less ``room``), not
         those in use."""
-        for episode in list(self._open):
+        for group in list(self._open):
             if len(self._open) <= self._open_limit - room:
                 break
-            if episode not in self._in_use:
-                self._close_episode(episode)
+            if group not in self._in_use:
+                self._close_group(group)
 
-    def _open_episode(self, episode: int) -> tuple[LeRobotDataset, list[str]]:
-        paths = self.episode_files(episode)
-        view = self.cache_dir / _VIEWS_DIR / f"episode-{episode}"
+    def _close_oldest_idle(self) -> bool:
+        """Close the least recently used idle file group (the cache needs room); False if none."""
+        with self._lock:
+            for group in self._open:
+                if group not in self._in_use:
+                    self._close_group(group)
+                    return True
+            return False
+
+    def _open_group(self, group: int) -> tuple[LeRobotDataset, list[str]]:
+        paths = list(self._groups[group])
+        episodes = self._episode_ids[self._episode_group == group].tolist()
+        view = self.cache_dir / _VIEWS_DIR / f"group-{group}"
         shutil.rmtree(view, ignore_errors=True)
         (view / "meta").parent.mkdir(parents=True, exist_ok=True)
         os.symlink(self.root / "meta", view / "meta", target_is_directory=True)
@@ -366,7 +396,7 @@ class StreamingLeRobotDataset:
             dataset = LeRobotDataset(
                 view,
                 delta_timestamps=self.delta_timestamps or None,
-                episodes=[episode],
+                episodes=episodes,
                 video_backend=self.video_backend,
                 tolerance_s=self.tolerance_s,
                 image_transforms=self.image_transforms_config,
@@ -379,17 +409,17 @@ class StreamingLeRobotDataset:
             raise
         return dataset, acquired
 
-    def _close_episode(self, episode: int) -> None:
-        _, paths = self._open.pop(episode)
+    def _close_group(self, group: int) -> None:
+        _, paths = self._open.pop(group)
         for path in paths:
             self.files.release(path)
-        shutil.rmtree(self.cache_dir / _VIEWS_DIR / f"episode-{episode}", ignore_errors=True)
+        shutil.rmtree(self.cache_dir / _VIEWS_DIR / f"group-{group}", ignore_errors=True)
 
     def close(self) -> None:
-        """Close every open episode (their files become evictable)."""
+        """Close every open file group (their files become evictable)."""
         with self._lock:
-            for episode in list(self._open):
-                self._close_episode(episode)
+            for group in list(self._open):
+                self._close_group(group)
 
 
 def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], size: int) -> dict[str, Any]:

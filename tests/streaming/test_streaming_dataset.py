@@ -77,7 +77,7 @@ def test_disk_use_stays_under_the_cap(hub_repo, map_style, camera_root, tmp_path
     files = sorted(p for p in camera_root.rglob("*") if p.is_file() and "meta" not in p.parts)
     total = sum(p.stat().st_size for p in files)
     cap = total // 2  # half the data and video bytes: files must be evicted to read an epoch
-    dataset = _stream(hub_repo, tmp_path / "cache", cache_mb=cap / 2**20, open_episodes=1)
+    dataset = _stream(hub_repo, tmp_path / "cache", cache_mb=cap / 2**20)
     peak_on_disk = 0
     for start, end in zip(*map_style.episode_bounds, strict=True):
         rows = np.arange(start, end)
