@@ -5,6 +5,7 @@ samples carried over), the commit sha and position in every checkpoint."""
 from __future__ import annotations
 
 import json
+import queue
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,8 @@ from lerobot_pipe.constants import STREAM_STATE
 REPO = "alice/point2d-stream"
 
 
-@pytest.fixture(scope="module")
-def streamed(hub_server_module, dataset_root, tmp_path_factory):
-    hub = hub_server_module
-    api = HfApi(endpoint=hub.url, token=hub.token)
-    api.create_repo(REPO, repo_type="dataset")
-    api.upload_folder(repo_id=REPO, repo_type="dataset", folder_path=dataset_root)
-    tmp = tmp_path_factory.mktemp("streamed")
-    flags = tiny_act_flags(
+def _flags(tmp: Path) -> list[str]:
+    return tiny_act_flags(
         **DETERMINISTIC,
         **{
             "dataset.repo_id": REPO,
@@ -36,6 +31,16 @@ def streamed(hub_server_module, dataset_root, tmp_path_factory):
             "num_workers": 2,
         },
     )
+
+
+@pytest.fixture(scope="module")
+def streamed(hub_server_module, dataset_root, tmp_path_factory):
+    hub = hub_server_module
+    api = HfApi(endpoint=hub.url, token=hub.token)
+    api.create_repo(REPO, repo_type="dataset")
+    api.upload_folder(repo_id=REPO, repo_type="dataset", folder_path=dataset_root)
+    tmp = tmp_path_factory.mktemp("streamed")
+    flags = _flags(tmp)
     run_distributed(run_train, 2, [*flags, f"--output_dir={tmp / 'full'}", "--steps=8"])
     run_distributed(run_train, 2, [*flags, f"--output_dir={tmp / 'part'}", "--steps=4"])
     hub.clear_requests()
@@ -92,3 +97,17 @@ def test_resume_on_one_rank_carries_the_unread_samples(streamed):
     assert state["dp_world_size"] == 1 and state["base_sample"] == 32
     assert len(state["carry"]) == 1 and state["carry"][0]
     assert len(losses(tmp / "one")) >= 4
+
+
+def test_a_rank_killed_while_loading_resumes_sample_exactly(streamed, tmp_path):
+    tmp, _ = streamed
+    argv = [*_flags(tmp), f"--output_dir={tmp_path / 'out'}", "--steps=8"]
+    with pytest.raises((RuntimeError, queue.Empty)):
+        run_distributed(
+            run_train, 2, argv, env={"LEROBOT_PIPE_FAULT_POINT": "data:load_batch@6:rank1"}
+        )
+    assert not (tmp_path / "out/checkpoints/000008").exists()
+    run_distributed(run_train, 2, ["--resume=true", *argv])
+    ref, resumed = losses(tmp / "full"), losses(tmp_path / "out")
+    for step in range(5, 9):
+        assert abs(ref[step] - resumed[step]) < 1e-5, (step, ref[step], resumed[step])
