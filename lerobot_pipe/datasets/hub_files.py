@@ -23,6 +23,7 @@ file is fetched once while its episodes are in use (see docs/streaming.md for wh
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 import re
@@ -118,8 +119,8 @@ class HubFileCache:
         self.chunk_bytes = chunk_bytes
         self.retries = retries
         self.backoff_s = backoff_s
-        # Called (under this cache's lock) when pinned files leave no room: the reader unpins
-        # some (closes an idle episode) and says whether it did.
+        # Called (without this cache's lock) when pinned files leave no room: the reader unpins
+        # some (closes an idle file group) and says whether it did.
         self.on_full = on_full
         self.bytes_fetched = 0  # body bytes received, retries included
         self.peak_bytes = 0  # the most the cache folder held at once
@@ -127,6 +128,7 @@ class HubFileCache:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # LRU order, oldest first
         self._lock = threading.Condition()
         self._loading: set[str] = set()
+        self._sizes: dict[str, int] = {}
         self.root.mkdir(parents=True, exist_ok=True)
         for stale in self.root.rglob("*"):  # a previous run's files: not accounted, so removed
             if stale.is_file():
@@ -173,6 +175,42 @@ class HubFileCache:
                 raise RuntimeError(f"{path}: released more often than acquired")
             entry.pins -= 1
 
+    def size(self, path: str) -> int:
+        """The size of repository file ``path`` (one HEAD request, remembered)."""
+        with self._lock:
+            known = self._sizes.get(path)
+        if known is None:
+            head = self._request(path, None, None)
+            known = int(head.headers.get("X-Linked-Size") or head.headers["Content-Length"])
+            with self._lock:
+                self._sizes[path] = known
+        return known
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``start``..``end`` (inclusive) of repository file ``path``, not cached."""
+        body = self._request(path, start, end).content
+        with self._lock:
+            self.bytes_fetched += len(body)
+        return body
+
+    def store(self, name: str, data: bytes) -> Path:
+        """Keep ``data`` (made from repository files, e.g. an episode's rows) in the cache as
+        ``name``, counted against the bound and pinned once (:meth:`release` it)."""
+        self._make_room(name, len(data))
+        target = self.local_path(name)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(target.name + _PARTIAL_SUFFIX)
+            partial.write_bytes(data)
+            os.replace(partial, target)
+        except BaseException:
+            with self._lock:
+                self._entries.pop(name, None)
+            raise
+        with self._lock:
+            self.peak_bytes = max(self.peak_bytes, sum(e.size for e in self._entries.values()))
+        return target
+
     def _evict_unpinned(self, size: int) -> int:
         """Evict unpinned files, oldest first, until ``size`` more bytes fit; the bytes left."""
         used = sum(e.size for e in self._entries.values())
@@ -189,20 +227,21 @@ class HubFileCache:
     def _make_room(self, path: str, size: int) -> None:
         """Evict unpinned files (oldest first) until ``size`` more bytes fit; DatasetError when
         the pinned files leave no room. Reserves the room by recording ``path``'s size."""
-        with self._lock:
-            while True:
+        while True:
+            with self._lock:
                 used = self._evict_unpinned(size)
-                if used + size <= self.max_bytes or self.on_full is None or not self.on_full():
-                    break
-            if used + size > self.max_bytes:
+                if used + size <= self.max_bytes:
+                    # Held as pinned while it downloads, so that no other fetch takes its room.
+                    self._entries[path] = _Entry(size=size, pins=1)
+                    return
                 pinned = [n for n, e in self._entries.items() if e.pins]
+            # Outside the lock: the reader's callback takes its own lock, then releases files.
+            if self.on_full is None or not self.on_full():
                 raise DatasetError(
                     f"{self.repo_id}@{self.revision[:12]}: {path} ({_mib(size)}) does not fit the "
                     f"streaming cache of {_mib(self.max_bytes)} next to the {len(pinned)} files "
                     f"in use ({_mib(used)}). Raise --dataset.streaming_cache_mb."
                 )
-            # Held as pinned while it downloads, so that no other fetch takes its room.
-            self._entries[path] = _Entry(size=size, pins=1)
 
     def _url(self, path: str) -> str:
         from huggingface_hub import hf_hub_url
@@ -305,3 +344,59 @@ class HubFileCache:
         with self._lock:
             self.fetches[path] = self.fetches.get(path, 0) + 1
         return size
+
+
+class RemoteFile(io.RawIOBase):
+    """A read-only, seekable file over HTTP range requests of ``cache``'s repository file
+    ``path`` (each read one range, with the cache's retries), for readers that fetch only parts
+    of a file: pyarrow reads a parquet file's footer and then only the row groups asked for."""
+
+    def __init__(self, cache: HubFileCache, path: str) -> None:
+        super().__init__()
+        self.cache = cache
+        self.path = path
+        self.size = cache.size(path)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self.size - self._pos)
+        if n <= 0:
+            return 0
+        data = self.cache.read_range(self.path, self._pos, self._pos + n - 1)
+        buffer[:n] = data
+        self._pos += n
+        return n
+
+
+def parquet_metadata(cache: HubFileCache, path: str):
+    """The footer (``FileMetaData``) of parquet file ``path``: its last 8 bytes, then the footer
+    itself, two range requests. pyarrow's own reader first reads the last 64 KiB whatever the
+    footer's size (a whole small file); here it reads from a view of the file that holds only the
+    footer and zeros before it, which the footer's parser never looks at."""
+    import pyarrow.parquet as pq
+
+    size = cache.size(path)
+    tail = cache.read_range(path, max(0, size - 8), size - 1)
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        raise DatasetError(f"{cache.repo_id}: {path}: not a parquet file (no PAR1 footer)")
+    length = int.from_bytes(tail[:4], "little")
+    start = size - 8 - length
+    if start < 4:
+        raise DatasetError(f"{cache.repo_id}: {path}: footer length {length} exceeds the file")
+    footer = cache.read_range(path, start, size - 9) + tail
+    view = io.BytesIO(bytes(start) + footer)
+    return pq.read_metadata(view)

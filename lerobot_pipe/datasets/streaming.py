@@ -25,12 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import torch
 
 from lerobot_pipe.configs.train import ImageTransformsConfig
 from lerobot_pipe.constants import DATASET_INFO, DATASET_VIDEO_PATH
 from lerobot_pipe.datasets.cameras import CameraError, frame_shape
-from lerobot_pipe.datasets.hub_files import HubFileCache, resolve_revision
+from lerobot_pipe.datasets.hub_files import (
+    HubFileCache,
+    RemoteFile,
+    parquet_metadata,
+    resolve_revision,
+)
 from lerobot_pipe.datasets.lerobot_dataset import (
     CAMERA_DTYPES,
     DEFAULT_TOLERANCE_S,
@@ -54,6 +62,7 @@ DEFAULT_CACHE_MB = 2048  # --dataset.streaming_cache_mb's default
 # the cache needs their files' room.
 DEFAULT_OPEN_GROUPS = 64
 _FILES_DIR = "files"
+_ROWS_DIR = ".rows"  # in the file cache: each open group's rows of its data file
 _VIEWS_DIR = "views"
 _META_DIR = "meta"
 
@@ -183,7 +192,9 @@ class StreamingLeRobotDataset:
         self._open: OrderedDict[int, tuple[LeRobotDataset, list[str]]] = OrderedDict()
         self._in_use: dict[int, int] = {}
         self._open_limit = max(1, open_groups)
-        self._lock = threading.RLock()
+        self._lock = threading.Condition(threading.RLock())
+        self._opening: set[int] = set()  # groups being opened (outside the lock)
+        self._parquet_meta: dict[str, pq.FileMetaData] = {}
         shutil.rmtree(self.cache_dir / _VIEWS_DIR, ignore_errors=True)
 
     def _read_episode_table(self) -> None:
@@ -343,14 +354,30 @@ class StreamingLeRobotDataset:
         return files
 
     def _acquire(self, group: int) -> LeRobotDataset:
+        """The open dataset of file group ``group``, in use until :meth:`_release`. A group is
+        opened (its files fetched) outside the lock, once: workers needing other, open groups
+        go on meanwhile, and a second worker needing the same group waits for the first."""
         with self._lock:
-            opened = self._open.get(group)
-            if opened is None:
-                self._close_idle(room=1)  # its files may need the room of an idle group's
-                opened = self._open_group(group)
-                self._open[group] = opened
-            self._open.move_to_end(group)
+            while group in self._opening:
+                self._lock.wait()
+            if group in self._open:
+                self._in_use[group] = self._in_use.get(group, 0) + 1
+                self._open.move_to_end(group)
+                return self._open[group][0]
+            self._opening.add(group)
+            self._close_idle(room=1)  # its files may need the room of an idle group's
+        try:
+            opened = self._open_group(group)
+        except BaseException:
+            with self._lock:
+                self._opening.discard(group)
+                self._lock.notify_all()
+            raise
+        with self._lock:
+            self._open[group] = opened
             self._in_use[group] = self._in_use.get(group, 0) + 1
+            self._opening.discard(group)
+            self._lock.notify_all()
             self._close_idle()
             return opened[0]
 
@@ -388,7 +415,11 @@ class StreamingLeRobotDataset:
         os.symlink(self.root / "meta", view / "meta", target_is_directory=True)
         acquired: list[str] = []
         try:
-            for path in paths:
+            rows, name = self._episode_rows(group, paths[0], episodes)
+            acquired.append(name)
+            (view / paths[0]).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(rows, view / paths[0])
+            for path in paths[1:]:
                 local = self.files.acquire(path)
                 acquired.append(path)
                 (view / path).parent.mkdir(parents=True, exist_ok=True)
@@ -408,6 +439,43 @@ class StreamingLeRobotDataset:
             shutil.rmtree(view, ignore_errors=True)
             raise
         return dataset, acquired
+
+    def _episode_rows(self, group: int, path: str, episodes: list[int]) -> tuple[Path, str]:
+        """The rows of ``episodes`` of data file ``path``, read over HTTP ranges (the footer and
+        the row groups whose ``episode_index`` statistics may hold them: LeRobot's writer makes a
+        row group per episode) into a parquet file of their own in the cache; its local path and
+        cache name."""
+        with self._lock:
+            meta = self._parquet_meta.get(path)
+        if meta is None:  # the footer is read once per file (it lists every row group)
+            meta = parquet_metadata(self.files, path)
+            with self._lock:
+                self._parquet_meta[path] = meta
+        source = pq.ParquetFile(RemoteFile(self.files, path), metadata=meta)
+        column = next(
+            (j for j in range(meta.num_columns) if meta.schema.column(j).path == "episode_index"),
+            None,
+        )
+        if column is None:
+            raise DatasetError(f"{self.repo_id}: {path}: no episode_index column")
+        wanted = np.asarray(episodes)
+        row_groups = []
+        for i in range(meta.num_row_groups):
+            stats = meta.row_group(i).column(column).statistics
+            if (
+                stats is None
+                or not stats.has_min_max
+                or ((wanted >= stats.min) & (wanted <= stats.max)).any()
+            ):
+                row_groups.append(i)
+        table = source.read_row_groups(row_groups)
+        table = table.filter(
+            pc.is_in(table["episode_index"], pa.array(episodes, table["episode_index"].type))
+        )
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        name = f"{_ROWS_DIR}/group-{group}/{path}"
+        return self.files.store(name, sink.getvalue().to_pybytes()), name
 
     def _close_group(self, group: int) -> None:
         _, paths = self._open.pop(group)
