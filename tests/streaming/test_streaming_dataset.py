@@ -190,3 +190,33 @@ def test_streaming_without_a_repo_id_is_refused_before_launch(tmp_path):
     )
     with pytest.raises(ConfigError, match="--dataset.repo_id"):
         validate_config(cfg)
+
+
+def test_each_rank_fetches_only_the_files_of_its_episodes(hub_repo, camera_root, tmp_path):
+    fetched, shares = [], []
+    for rank in range(2):
+        dataset = _stream(hub_repo, tmp_path / f"rank{rank}")
+        sampler = StreamSampler(dataset.episode_bounds, 3, rank, 2, seed=5, shuffle_buffer=8)
+        rows, epochs = sampler.draws(rank, 0, len(dataset))
+        rows = rows[epochs == 0]  # this rank's first epoch
+        for batch in np.array_split(rows, max(1, len(rows) // 3)):
+            dataset.get_batch(batch)
+        episodes = sorted(set(dataset.episode_index[rows].tolist()))
+        shares.append(episodes)
+        videos = {f for e in episodes for f in dataset.episode_files(e)[1:]}
+        assert set(dataset.files.fetches) == videos  # whole mp4s: only its episodes'
+        assert all(n == 1 for n in dataset.files.fetches.values())
+        fetched.append(dataset.files.bytes_fetched)
+        dataset.close()
+    assert not set(shares[0]) & set(shares[1]) and sorted(shares[0] + shares[1]) == EPISODES
+    files = [p for p in camera_root.rglob("*") if p.is_file() and "meta" not in p.parts]
+    data = sum(p.stat().st_size for p in files if p.suffix == ".parquet")
+    videos = sum(p.stat().st_size for p in files if p.suffix == ".mp4")
+    selected = sum(
+        p.stat().st_size
+        for p in files
+        if p.suffix == ".mp4" and int(p.stem.split("-")[1]) in EPISODES
+    )
+    # Both ranks' bytes: the selected episodes' mp4s once, and of the data file its footer
+    # (read by each rank) and the row groups of its episodes.
+    assert selected <= sum(fetched) < selected + 2 * data and selected < videos
