@@ -1,6 +1,6 @@
 """Streaming from the local test Hub over HTTP against the map-style loader on local files.
 
-    .venv/bin/python bench/bench_streaming.py [--episodes 20] [--length 50] [--size 64]
+    .venv/bin/python bench/bench_streaming.py [--episodes 40] [--length 100] [--size 64]
         [--batch 8] [--workers 2] [--reps 2]
 
 Dataset: the synthetic reaching task with two cameras (``top``, ``wrist``, AV1 as LeRobot
@@ -10,12 +10,15 @@ uploaded to the test Hub (``tests/hub_server.py``, real HTTP on 127.0.0.1, the r
 huggingface_hub client). ACT-like delta timestamps (one frame per camera, 10 actions).
 
 Per configuration, one epoch (every drawable sample once), float32 camera batches:
-- map: ``BatchPrefetcher(LeRobotDataset(local files), GlobalBatchSampler)``;
+- map: ``BatchPrefetcher(LeRobotDataset(local files), GlobalBatchSampler)``, opening the
+  dataset (reading every data file, opening and checking every video file) included;
 - stream rank r of W: ``BatchPrefetcher(StreamingLeRobotDataset(hub), StreamSampler(r, W))``,
-  a cold cache each rep (the whole cost of fetching included); W=2's ranks run one after
-  another in this process (the machine has 2 cores), their samples/s is the epoch's samples over
-  the slower rank's time (what two ranks on two machines would take).
-Also: bytes fetched per epoch (every rank, retries included) / bytes of the data and video files.
+  a cold cache each rep (resolving the revision, fetching meta/ and every byte included); W=2's ranks run one after
+  another in this process (the machine has 2 cores), each reading its share of epoch 0; their
+  samples/s is the epoch's samples over the slower rank's time (what two ranks on two machines
+  would take).
+Also: bytes fetched per epoch (every rank, retries included) / bytes of the data and video files,
+from a run without loader workers (their look-ahead reads past the end of the epoch).
 Medians of ``--reps``.
 """
 
@@ -69,10 +72,10 @@ def write(root: Path, episodes: int, length: int, size: int, per_episode: bool) 
 
 
 def epoch_map(root: Path, batch: int, workers: int) -> float:
+    start = time.perf_counter()  # opening the dataset counted, as the stream's is
     dataset = LeRobotDataset(root, delta_timestamps=DELTAS)
     sampler = GlobalBatchSampler(len(dataset), batch, 0, 1, seed=0)
     steps = len(dataset) // batch
-    start = time.perf_counter()
     with BatchPrefetcher(dataset, sampler, workers) as loader:
         for _ in range(steps):
             loader.next()
@@ -88,7 +91,9 @@ def epoch_stream(hub, repo, cache: Path, world: int, batch: int, workers: int):
             repo, cache / f"r{rank}", endpoint=hub.url, token=hub.token, delta_timestamps=DELTAS
         )
         sampler = StreamSampler(dataset.episode_bounds, batch, rank, world, seed=0)
-        steps = len(dataset) // (batch * world)
+        # This rank's share of epoch 0 (shares differ by up to an episode): whole batches of it.
+        _, epochs = sampler.draws(rank, 0, len(dataset))
+        steps = int((epochs == 0).sum()) // batch
         with BatchPrefetcher(dataset, sampler, workers) as loader:
             for _ in range(steps):
                 loader.next()
@@ -101,8 +106,8 @@ def epoch_stream(hub, repo, cache: Path, world: int, batch: int, workers: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--length", type=int, default=50)
+    parser.add_argument("--episodes", type=int, default=40)
+    parser.add_argument("--length", type=int, default=100)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
@@ -137,7 +142,11 @@ def main() -> None:
                     for i in range(args.reps)
                 ]
                 row[f"stream{world}_sps"] = statistics.median(r[0] for r in runs)
-                row[f"stream{world}_bytes_ratio"] = runs[0][1] / files
+                # Bytes without loader workers: their look-ahead would read past the epoch.
+                _, fetched = epoch_stream(
+                    hub, repo, tmp / f"cache-{layout}-{world}-bytes", world, args.batch, 0
+                )
+                row[f"stream{world}_bytes_ratio"] = fetched / files
                 row[f"stream{world}_vs_map"] = row[f"stream{world}_sps"] / row["map_sps"]
             rows.append(row)
             print(json.dumps(row), flush=True)

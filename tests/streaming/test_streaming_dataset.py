@@ -220,3 +220,23 @@ def test_each_rank_fetches_only_the_files_of_its_episodes(hub_repo, camera_root,
     # Both ranks' bytes: the selected episodes' mp4s once, and of the data file its footer
     # (read by each rank) and the row groups of its episodes.
     assert selected <= sum(fetched) < selected + 2 * data and selected < videos
+
+
+def test_image_transforms_are_the_map_style_ones_for_the_same_sample_keys(
+    hub_repo, camera_root, tmp_path
+):
+    from lerobot_pipe.configs.train import ImageTransformsConfig
+    from lerobot_pipe.datasets.transforms import sample_keys
+
+    transforms = ImageTransformsConfig(enable=True, max_num_transforms=2)
+    map_style = LeRobotDataset(camera_root, episodes=EPISODES, image_transforms=transforms)
+    dataset = _stream(
+        hub_repo, tmp_path / "cache", delta_timestamps=None, image_transforms=transforms
+    )
+    rows = np.arange(0, len(map_style), 3)
+    keys = sample_keys(7, rows)
+    want = map_style.get_batch(rows, sample_keys=keys)
+    assert_same_samples(want, dataset.get_batch(rows, sample_keys=keys))
+    other = map_style.get_batch(rows, sample_keys=sample_keys(8, rows))  # other draws
+    assert not torch.equal(want["observation.images.top"], other["observation.images.top"])
+    dataset.close()
