@@ -327,7 +327,8 @@ class HubFileCache:
                 for start in range(0, size, self.chunk_bytes):
                     end = min(start + self.chunk_bytes, size) - 1
                     body = self._request(path, start, end).content
-                    self.bytes_fetched += len(body)
+                    with self._lock:
+                        self.bytes_fetched += len(body)
                     digest.update(body)
                     out.write(body)
             if etag and len(etag) in (40, 64) and digest.hexdigest() != etag:
