@@ -49,6 +49,8 @@ RNG_STATE = "rng_state.safetensors"
 SCHEDULER_STATE = "scheduler_state.json"
 SCALER_STATE = "scaler_state.json"
 EMA_STATE = "ema_state.json"
+# --dataset.streaming=true: the stream's position, carry and the dataset's commit sha.
+STREAM_STATE = "stream_state.json"
 # LeRobot main's EMA state (diffusers' EMAModel.state_dict(), torch.save'd): read with
 # torch.load(weights_only=True) when resuming one of its runs, never written.
 LEROBOT_EMA_STATE = "ema_state.pt"

@@ -133,6 +133,7 @@ class _Fault:
     headers: dict[str, str]
     body: Any
     after: bool
+    truncate: bool = False
 
 
 @dataclass
@@ -287,11 +288,14 @@ class HubServer:
         headers: Mapping[str, str] | None = None,
         body: Any = None,
         after: bool = False,
+        truncate: bool = False,
     ) -> None:
         """Make the next ``times`` requests whose path matches ``pattern`` (``re.search`` on the URL
         path, before percent-decoding) answer ``status`` with a JSON error body (or ``body``).
         ``status=0`` closes the connection without answering (a connection error for the client).
         ``after=True`` carries the request out first (an answer lost on its way back).
+        ``truncate=True`` carries the request out and sends its headers (the full Content-Length)
+        and the first half of its body, then closes the connection (a drop mid-file).
         """
         with self._lock:
             self._faults.append(
@@ -303,6 +307,7 @@ class HubServer:
                     headers=dict(headers or {}),
                     body=body,
                     after=after,
+                    truncate=truncate,
                 )
             )
 
@@ -1200,6 +1205,13 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_body()
             query = parse_qs(split.query, keep_blank_values=True)
             fault = hub._take_fault(method, split.path)
+            if fault is not None and fault.truncate:
+                status, out_headers, raw, payload = hub.handle(
+                    method, split.path, query, headers, body
+                )
+                self._send(status, out_headers, raw, payload, truncate=True)
+                self.close_connection = True
+                return
             if fault is not None and fault.after:
                 with contextlib.suppress(HubError):
                     hub.handle(method, split.path, query, headers, body)
@@ -1233,7 +1245,15 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             hub._record(method, split.path, split.query, status, headers)
 
-    def _send(self, status: int, headers: dict[str, str], raw: bytes | None, payload: Any) -> None:
+    def _send(
+        self,
+        status: int,
+        headers: dict[str, str],
+        raw: bytes | None,
+        payload: Any,
+        *,
+        truncate: bool = False,
+    ) -> None:
         if raw is None:
             raw = json.dumps(payload).encode() if payload is not None else b""
             headers.setdefault("Content-Type", "application/json")
@@ -1243,7 +1263,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(raw)
+            self.wfile.write(raw[: len(raw) // 2] if truncate else raw)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _serve
 

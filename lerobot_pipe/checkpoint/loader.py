@@ -64,6 +64,12 @@ def load_train_state(point: ResumePoint, state: TrainState, run_info: dict) -> N
             log.warning("checkpoint has no %s: %s", path, what)
     if state.ema is not None:
         _load_ema(state, step_dir, is_main or not distributed)
+    if state.stream is not None:
+        stream = training_state / C.STREAM_STATE
+        if stream.is_file():
+            state.stream.load_state_dict(read_checkpoint_json(stream))
+        else:
+            log.warning("checkpoint has no %s: the stream starts a fresh epoch", stream)
     _load_rng(state, training_state / C.RNG_STATE, rank, point.info, run_info)
     state.progress.load_state_dict(
         {"step": point.step, "samples_consumed": resume_position(point.info, run_info, is_main)}

@@ -141,6 +141,7 @@ class TrainState:
     rng: RNGState = field(default_factory=RNGState)
     progress: TrainProgress = field(default_factory=TrainProgress)
     ema: EMAState | None = None  # with --ema.enable=true
+    stream: Stateful | None = None  # with --dataset.streaming=true (datasets/stream_sampler.py)
 
     @classmethod
     def build(

@@ -119,6 +119,7 @@ class _Snapshot:
     ema_full: dict[str, torch.Tensor] | None = None
     ema_local: dict | None = None
     ema_counters: dict | None = None
+    stream: dict | None = None  # --dataset.streaming=true: the stream's position (JSON)
 
 
 class CheckpointWriter:
@@ -258,6 +259,8 @@ class CheckpointWriter:
                 snap.optimizer_flat = flatten_tensors({"state": numbered})
         del osd
         snap.rng = state.rng.state_dict()  # this rank's; gathered by the writer
+        if state.stream is not None and self.is_main:
+            snap.stream = copy.deepcopy(state.stream.state_dict())
         if self.is_main:
             snap.param_groups = copy.deepcopy(param_groups)
             if state.scheduler is not None:
@@ -405,6 +408,8 @@ class CheckpointWriter:
             fault_point("save:after_scaler")
         if snap.ema_counters is not None:
             write_json_atomic(state_dir / C.EMA_STATE, snap.ema_counters)
+        if snap.stream is not None:
+            write_json_atomic(state_dir / C.STREAM_STATE, snap.stream)
         for folder in (model_dir, ema_dir, state_dir):
             if not folder.is_dir():
                 continue

@@ -83,7 +83,12 @@ class DatasetConfig:
     video_backend: str = "torchcodec"
     return_uint8: bool = False  # LeRobot's; not built here (frames are float32 in [0, 1])
     depth_output_unit: str = "mm"  # LeRobot's, for depth cameras; not read here
-    streaming: bool = False  # LeRobot's streaming datasets; not built here (must stay false)
+    # read --repo_id from the Hub as training consumes it (docs/streaming.md), no full download
+    streaming: bool = False
+    # --streaming: MiB of data and video files each rank keeps on disk (in --root or HF_HOME)
+    streaming_cache_mb: float = field(default=2048.0, metadata=OMIT_AT_DEFAULT)
+    # --streaming: samples each rank's stream is shuffled within (besides the episode order)
+    streaming_shuffle_buffer: int = field(default=1000, metadata=OMIT_AT_DEFAULT)
     # share of each task's episodes held out (the last ones; training/heldout.py), in [0, 1)
     eval_split: float = 0.0
 

@@ -54,6 +54,7 @@ from lerobot_pipe.datasets import (
     episode_frames,
     resolve_dataset_root,
 )
+from lerobot_pipe.datasets.streaming import StreamingLeRobotDataset
 from lerobot_pipe.distributed.env_guard import AccelerateEnvError, check_accelerate_env
 from lerobot_pipe.distributed.parallel_dims import ParallelDims, resolve_parallelism
 from lerobot_pipe.distributed.runtime import launched_rank
@@ -238,6 +239,7 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             "no dataset: pass --dataset.root=<folder> and/or --dataset.repo_id=<namespace/name>"
         )
+    _validate_streaming(cfg)
     _positive("steps", cfg.steps)
     _positive("batch_size", cfg.batch_size)
     _positive("log_freq", cfg.log_freq)
@@ -349,6 +351,21 @@ def _validate_ema(ema: EMAConfig) -> None:
             f"--ema.decay={ema.decay} (a constant decay) and --ema.min_decay / --ema.max_decay "
             "(the schedule's bounds) exclude each other: set one or the other"
         )
+
+
+def _validate_streaming(cfg: TrainConfig) -> None:
+    data = cfg.dataset
+    if data.streaming and data.repo_id is None:
+        raise ConfigError(
+            "--dataset.streaming=true reads a Hub dataset: pass --dataset.repo_id=<namespace/name>"
+            " (a local --dataset.root is read without streaming)"
+        )
+    if not data.streaming_cache_mb > 0:
+        raise ConfigError(
+            f"--dataset.streaming_cache_mb={data.streaming_cache_mb}: must be positive (MiB of "
+            "files each rank keeps)"
+        )
+    _positive("dataset.streaming_shuffle_buffer", data.streaming_shuffle_buffer)
 
 
 def _validate_heldout(cfg: TrainConfig) -> None:
@@ -516,12 +533,6 @@ def _refuse_unbuilt(cfg: TrainConfig) -> None:
             "run the pipeline under SLURM (workflow/profiles/slurm) instead",
         ),
         (
-            "dataset.streaming",
-            cfg.dataset.streaming,
-            "streaming datasets are not built; pass "
-            "--dataset.repo_id to download the episodes once",
-        ),
-        (
             "dataset.repo_type",
             cfg.dataset.repo_type != "dataset",
             "only dataset repositories (repo_type=dataset) are read",
@@ -601,6 +612,9 @@ def make_plan(
         # validate job says it too); train() takes the lock for real.
         check_run_lock(output_dir)
     point = resume_point(cfg, dims, source_step)
+    if cfg.dataset.streaming:
+        dataset = open_streaming_dataset(cfg, point, launched_rank(env))
+        return plan_on_dataset(cfg, dims, dataset, point, env, tuple(acknowledged))
     dataset_root = resolve_dataset_root(
         cfg.dataset.root, cfg.dataset.repo_id, cfg.dataset.revision, episodes=cfg.dataset.episodes
     )
@@ -614,6 +628,38 @@ def make_plan(
         use_imagenet_stats=cfg.dataset.use_imagenet_stats,
     )
     return plan_on_dataset(cfg, dims, dataset, point, env, tuple(acknowledged))
+
+
+def open_streaming_dataset(
+    cfg: TrainConfig, point: ResumePoint | None, rank: int
+) -> StreamingLeRobotDataset:
+    """--dataset.streaming=true: the Hub dataset at the commit the run started on (the
+    checkpoint's, on resume), cached per rank under --dataset.root or HF_HOME."""
+    from huggingface_hub import constants as hub_constants
+
+    revision = cfg.dataset.revision
+    if point is not None:
+        saved = point.step_dir / C.TRAINING_STATE_DIR / C.STREAM_STATE
+        if saved.is_file():
+            revision = read_json(saved, "stream state")["revision"]
+    folder = (
+        Path(cfg.dataset.root).expanduser()
+        if cfg.dataset.root
+        else Path(hub_constants.HF_HOME) / "lerobot_pipe_streaming" / cfg.dataset.repo_id
+    )
+    dataset = StreamingLeRobotDataset(
+        cfg.dataset.repo_id,
+        folder / f"rank-{rank}",
+        revision=revision,
+        cache_mb=cfg.dataset.streaming_cache_mb,
+        episodes=cfg.dataset.episodes,
+        video_backend=cfg.dataset.video_backend,
+        tolerance_s=cfg.tolerance_s,
+        image_transforms=cfg.dataset.image_transforms,
+        use_imagenet_stats=cfg.dataset.use_imagenet_stats,
+    )
+    dataset.delta_timestamps = _delta_timestamps(cfg.policy, dataset.root) or {}
+    return dataset
 
 
 def resume_point(

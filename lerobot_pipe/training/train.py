@@ -29,6 +29,7 @@ from lerobot_pipe.checkpoint.stateful import TrainState
 from lerobot_pipe.configs.types import OBS_LANGUAGE_PREFIX
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
 from lerobot_pipe.datasets.prefetch import to_device
+from lerobot_pipe.datasets.stream_sampler import StreamSampler, StreamState
 from lerobot_pipe.distributed.activation_checkpointing import (
     apply_activation_checkpointing,
     checkpointed_units,
@@ -296,6 +297,29 @@ def plan_units_on_the_real_model(
     return plan_sharding(trainee, plan.cfg.accelerator, type(policy)._fsdp_wrap_modules, bypassed)
 
 
+def make_sampler(
+    plan: TrainingPlan, batch_size: int, rank: int, world: int, start_sample: int = 0
+) -> GlobalBatchSampler | StreamSampler:
+    """The batch order: a global permutation per epoch, or, streaming, whole episodes per rank
+    (datasets/stream_sampler.py). Both are pure functions of the position."""
+    cfg = plan.cfg
+    indices = sample_indices(cfg.policy, plan.dataset, plan.heldout)
+    if cfg.dataset.streaming:
+        return StreamSampler(
+            plan.dataset.episode_bounds,
+            batch_size,
+            rank,
+            world,
+            cfg.seed,
+            start_sample,
+            indices=indices,
+            shuffle_buffer=cfg.dataset.streaming_shuffle_buffer,
+        )
+    return GlobalBatchSampler(
+        len(plan.dataset), batch_size, rank, world, cfg.seed, start_sample, indices=indices
+    )
+
+
 def _probe_forwards(
     plan: TrainingPlan,
     policy: PreTrainedPolicy,
@@ -306,14 +330,7 @@ def _probe_forwards(
     """find_bypassed_modules on a batch of two samples as the loop gets them; RNGs, buffers and
     the policy's queues are left as they were."""
     cfg = plan.cfg
-    sampler = GlobalBatchSampler(
-        len(plan.dataset),
-        min(2, cfg.batch_size),
-        dp_rank=0,
-        dp_world_size=1,
-        seed=cfg.seed,
-        indices=sample_indices(cfg.policy, plan.dataset, plan.heldout),
-    )
+    sampler = make_sampler(plan, min(2, cfg.batch_size), 0, 1)
     with BatchPrefetcher(plan.dataset, sampler, 0, device=device) as loader:
         batch = pre(loader.next())
     features = policy.config.input_features
@@ -398,6 +415,7 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         scaler=scaler,
         # The shadow of the trainee's (sharded in place) parameters: training/ema.py.
         ema=EMAState(trainee, cfg.ema) if cfg.ema.enable else None,
+        stream=StreamState(plan.dataset.revision) if cfg.dataset.streaming else None,
         adapter_key_map=(lambda sd: {adapter_keys[k]: v for k, v in sd.items()})
         if adapter_keys
         else None,
@@ -437,15 +455,11 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
         return plan.resume_from
     amp_dtype = autocast_dtype(cfg.accelerator, dims)
 
-    sampler = GlobalBatchSampler(
-        len(plan.dataset),
-        cfg.batch_size,
-        dp_rank=env.rank,
-        dp_world_size=dims.dp_world_size,
-        seed=cfg.seed,
-        start_sample=state.progress.samples_consumed,
-        indices=sample_indices(cfg.policy, plan.dataset, plan.heldout),
+    sampler = make_sampler(
+        plan, cfg.batch_size, env.rank, dims.dp_world_size, state.progress.samples_consumed
     )
+    if state.stream is not None:
+        sampler = state.stream.attach(sampler)
     prefetcher = BatchPrefetcher(plan.dataset, sampler, cfg.num_workers, device=env.device)
     metrics: MetricsLog | None = None
     timer = StepTimer(env.device)

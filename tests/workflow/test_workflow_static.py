@@ -174,6 +174,18 @@ def test_the_held_out_split_is_passed_to_lerobot_train(workspace):
     assert "--dataset.eval_split" not in workspace.run_ok("-n", "-p").output
 
 
+def test_a_streamed_hub_dataset_has_no_dataset_job(workspace):
+    override = workspace.write_config(
+        "override.yaml",
+        {"dataset": {"repo_id": "alice/big", "streaming": True, "streaming_cache_mb": 512}},
+    )
+    result = workspace.run_ok("-n", "-p", "--configfile", "config/config.yaml", override)
+    assert "dataset" not in result.jobs()
+    assert "--dataset.repo_id=alice/big" in result.output
+    assert "--dataset.streaming=true --dataset.streaming_cache_mb=512" in result.output
+    assert "--dataset.streaming" not in workspace.run_ok("-n", "-p").output
+
+
 def test_null_keys_are_passed_to_lerobot_train(workspace):
     """null means lerobot-train's default on every run, also over a resumed checkpoint's
     saved value: the flag is passed, not left out."""

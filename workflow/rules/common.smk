@@ -88,6 +88,12 @@ def dataset_flags():
     # Passed only when set, so that the flags (and params) of a run without it stay as they were.
     if config["dataset"].get("eval_split"):
         flags["eval_split"] = config["dataset"]["eval_split"]
+    # Streaming: lerobot-train reads repo_id from the Hub as it trains (no dataset job, no
+    # download); a cache size only when set.
+    if config["dataset"].get("streaming"):
+        flags["streaming"] = True
+        if config["dataset"].get("streaming_cache_mb"):
+            flags["streaming_cache_mb"] = config["dataset"]["streaming_cache_mb"]
     return flags
 
 

@@ -1,0 +1,403 @@
+"""Files of a Hub dataset repository fetched on demand into a bounded local cache.
+
+:class:`HubFileCache` is what a streaming dataset reads through: a file is fetched when a reader
+``acquire``s it and stays pinned until the reader ``release``s it; unpinned files are evicted
+(least recently used first) when a new one would not fit, so the cache folder never holds more
+than ``max_bytes``. Every file comes from one commit (the revision is resolved to its sha once, at
+start), in ranges of ``chunk_bytes`` over HTTP (huggingface_hub's URL, headers and session):
+
+* a dropped connection, a short body, a 429 or a 5xx is retried from the first byte not yet
+  written (``Retry-After`` honoured, exponential backoff otherwise), up to ``retries`` times per
+  range;
+* the finished file is checked against the ETag the Hub gives (sha256 for LFS files, the git blob
+  sha1 otherwise) before anyone reads it, so no retry can feed a wrong byte to a decoder;
+* a 404 (file or revision), a 401 / 403 (missing or revoked token) fails at once with a
+  :class:`~lerobot_pipe.datasets.lerobot_dataset.DatasetError` naming the file.
+
+Why not ``hf_hub_download``: its cache keeps every blob (no bound, no eviction), and its retries
+do not cover 429 / 5xx in the middle of a file. Why whole files (fetched range by range) rather
+than byte ranges of a file: the map-style reader and both video decoders read local files; a
+file is fetched once while its episodes are in use (see docs/streaming.md for what that costs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lerobot_pipe.datasets.lerobot_dataset import DatasetError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_BYTES = 8 << 20
+RETRIABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_PARTIAL_SUFFIX = ".part"
+
+
+def resolve_revision(
+    repo_id: str,
+    revision: str | None,
+    *,
+    repo_type: str = "dataset",
+    endpoint: str | None = None,
+    token: str | None = None,
+) -> str:
+    """The commit sha ``revision`` (a branch, tag, sha or None: the default branch) points at."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi(endpoint=endpoint, token=token).repo_info(
+            repo_id, repo_type=repo_type, revision=revision
+        )
+    except Exception as exc:
+        raise DatasetError(
+            f"streaming dataset repo_id={repo_id!r} (revision={revision!r}): resolving the "
+            f"revision failed: {type(exc).__name__}: {str(exc).rstrip('.')}. Check the repo_id, "
+            "the revision, your network and HF_TOKEN."
+        ) from exc
+    if not info.sha:
+        raise DatasetError(f"{repo_id}@{revision}: the Hub gave no commit sha for the revision")
+    return info.sha
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.3g} MiB"
+
+
+def _http_error() -> type[Exception]:
+    """The transport error class of the HTTP client huggingface_hub's session is built on
+    (httpx2 from huggingface_hub 2.x on, httpx before), without naming either."""
+    from huggingface_hub import get_session
+
+    package = type(get_session()).__module__.split(".")[0]
+    return sys.modules[package].HTTPError
+
+
+@dataclass
+class _Entry:
+    size: int
+    pins: int = 0
+
+
+class HubFileCache:
+    """Repository files of ``repo_id`` at commit ``revision`` (a sha), cached under ``root``."""
+
+    def __init__(
+        self,
+        repo_id: str,
+        revision: str,
+        root: str | Path,
+        max_bytes: int,
+        *,
+        repo_type: str = "dataset",
+        endpoint: str | None = None,
+        token: str | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        retries: int = 8,
+        backoff_s: float = 0.5,
+        on_full: Callable[[], bool] | None = None,
+    ) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+        self.repo_id = repo_id
+        self.revision = revision
+        self.repo_type = repo_type
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.endpoint = endpoint
+        self.token = token
+        self.chunk_bytes = chunk_bytes
+        self.retries = retries
+        self.backoff_s = backoff_s
+        # Called (without this cache's lock) when pinned files leave no room: the reader unpins
+        # some (closes an idle file group) and says whether it did.
+        self.on_full = on_full
+        self.bytes_fetched = 0  # body bytes received, retries included
+        self.peak_bytes = 0  # the most the cache folder held at once
+        self.fetches: dict[str, int] = {}  # path -> times fetched
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # LRU order, oldest first
+        self._lock = threading.Condition()
+        self._loading: set[str] = set()
+        self._sizes: dict[str, int] = {}
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.rglob("*"):  # a previous run's files: not accounted, so removed
+            if stale.is_file():
+                stale.unlink()
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return sum(e.size for e in self._entries.values())
+
+    def local_path(self, path: str) -> Path:
+        return self.root / path
+
+    def acquire(self, path: str) -> Path:
+        """The local copy of repository file ``path``, fetched if absent; pinned until
+        :meth:`release`. Concurrent callers of one path wait for a single fetch."""
+        with self._lock:
+            while path in self._loading:
+                self._lock.wait()
+            entry = self._entries.get(path)
+            if entry is not None:
+                entry.pins += 1
+                self._entries.move_to_end(path)
+                return self.local_path(path)
+            self._loading.add(path)
+        try:
+            self._fetch(path)
+        except BaseException:
+            with self._lock:
+                self._loading.discard(path)
+                self._lock.notify_all()
+            raise
+        with self._lock:
+            self._entries.move_to_end(path)  # reserved (pinned once, for this caller) by _fetch
+            self._loading.discard(path)
+            self.peak_bytes = max(self.peak_bytes, sum(e.size for e in self._entries.values()))
+            self._lock.notify_all()
+        return self.local_path(path)
+
+    def release(self, path: str) -> None:
+        with self._lock:
+            entry = self._entries[path]
+            if entry.pins < 1:
+                raise RuntimeError(f"{path}: released more often than acquired")
+            entry.pins -= 1
+
+    def size(self, path: str) -> int:
+        """The size of repository file ``path`` (one HEAD request, remembered)."""
+        with self._lock:
+            known = self._sizes.get(path)
+        if known is None:
+            head = self._request(path, None, None)
+            known = int(head.headers.get("X-Linked-Size") or head.headers["Content-Length"])
+            with self._lock:
+                self._sizes[path] = known
+        return known
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``start``..``end`` (inclusive) of repository file ``path``, not cached."""
+        body = self._request(path, start, end).content
+        with self._lock:
+            self.bytes_fetched += len(body)
+        return body
+
+    def store(self, name: str, data: bytes) -> Path:
+        """Keep ``data`` (made from repository files, e.g. an episode's rows) in the cache as
+        ``name``, counted against the bound and pinned once (:meth:`release` it)."""
+        self._make_room(name, len(data))
+        target = self.local_path(name)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(target.name + _PARTIAL_SUFFIX)
+            partial.write_bytes(data)
+            os.replace(partial, target)
+        except BaseException:
+            with self._lock:
+                self._entries.pop(name, None)
+            raise
+        with self._lock:
+            self.peak_bytes = max(self.peak_bytes, sum(e.size for e in self._entries.values()))
+        return target
+
+    def _evict_unpinned(self, size: int) -> int:
+        """Evict unpinned files, oldest first, until ``size`` more bytes fit; the bytes left."""
+        used = sum(e.size for e in self._entries.values())
+        for name in list(self._entries):
+            if used + size <= self.max_bytes:
+                break
+            entry = self._entries[name]
+            if entry.pins == 0:
+                self.local_path(name).unlink(missing_ok=True)
+                used -= entry.size
+                del self._entries[name]
+        return used
+
+    def _make_room(self, path: str, size: int) -> None:
+        """Evict unpinned files (oldest first) until ``size`` more bytes fit; DatasetError when
+        the pinned files leave no room. Reserves the room by recording ``path``'s size."""
+        while True:
+            with self._lock:
+                used = self._evict_unpinned(size)
+                if used + size <= self.max_bytes:
+                    # Held as pinned while it downloads, so that no other fetch takes its room.
+                    self._entries[path] = _Entry(size=size, pins=1)
+                    return
+                pinned = [n for n, e in self._entries.items() if e.pins]
+            # Outside the lock: the reader's callback takes its own lock, then releases files.
+            if self.on_full is None or not self.on_full():
+                raise DatasetError(
+                    f"{self.repo_id}@{self.revision[:12]}: {path} ({_mib(size)}) does not fit the "
+                    f"streaming cache of {_mib(self.max_bytes)} next to the {len(pinned)} files "
+                    f"in use ({_mib(used)}). Raise --dataset.streaming_cache_mb."
+                )
+
+    def _url(self, path: str) -> str:
+        from huggingface_hub import hf_hub_url
+
+        return hf_hub_url(
+            self.repo_id,
+            path,
+            repo_type=self.repo_type,
+            revision=self.revision,
+            endpoint=self.endpoint,
+        )
+
+    def _fail(self, path: str, status: int, detail: str) -> DatasetError:
+        what = {
+            401: "the token was refused (missing, invalid or revoked): check HF_TOKEN",
+            403: "access denied: check that HF_TOKEN may read the repository",
+            404: "not found in the repository at this commit: the metadata references a "
+            "missing file, or the revision is wrong",
+        }.get(status, f"HTTP {status}")
+        return DatasetError(
+            f"{self.repo_id}@{self.revision[:12]}: {path}: {what} ({detail.strip()[:200]})"
+        )
+
+    def _request(self, path: str, start: int | None, end: int | None):
+        """One GET (or HEAD when ``start`` is None) with retries; the response of a success."""
+        from huggingface_hub import get_session
+        from huggingface_hub.utils import build_hf_headers
+
+        headers = build_hf_headers(token=self.token)
+        if start is not None:
+            headers["Range"] = f"bytes={start}-{end}"
+        method = "GET" if start is not None else "HEAD"
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            wait = delay
+            try:
+                response = get_session().request(
+                    method, self._url(path), headers=headers, follow_redirects=True
+                )
+            except (_http_error(), OSError) as exc:  # dropped, refused, reset, short body, timeout
+                reason = f"{type(exc).__name__}: {exc}"
+            else:
+                status = response.status_code
+                if status < 400:
+                    if start is None:
+                        return response
+                    want = end - start + 1
+                    if status == 206 and len(response.content) == want:
+                        return response
+                    reason = f"HTTP {status} with {len(response.content)} of {want} bytes"
+                elif status in RETRIABLE_STATUS:
+                    reason = f"HTTP {status}"
+                    after = response.headers.get("Retry-After", "")
+                    if after.isdigit():
+                        wait = float(after)
+                else:
+                    raise self._fail(path, status, response.text)
+            if attempt == self.retries:
+                raise DatasetError(
+                    f"{self.repo_id}@{self.revision[:12]}: {path}: reading bytes "
+                    f"{start}-{end} failed {self.retries + 1} times, last: {reason}. Check the "
+                    "network (the run can resume from its last checkpoint)."
+                )
+            log.warning("%s: %s; retrying in %.1f s", path, reason, wait)
+            time.sleep(wait)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def _fetch(self, path: str) -> int:
+        head = self._request(path, None, None)
+        size = int(head.headers.get("X-Linked-Size") or head.headers["Content-Length"])
+        etag = (head.headers.get("X-Linked-Etag") or head.headers.get("ETag") or "").strip('"')
+        etag = re.sub(r"^W/", "", etag).strip('"')
+        self._make_room(path, size)
+        target = self.local_path(path)
+        partial = target.with_name(target.name + _PARTIAL_SUFFIX)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            digest = hashlib.sha256() if len(etag) == 64 else hashlib.sha1()
+            if len(etag) != 64:
+                digest.update(f"blob {size}\0".encode())
+            with open(partial, "wb") as out:
+                for start in range(0, size, self.chunk_bytes):
+                    end = min(start + self.chunk_bytes, size) - 1
+                    body = self._request(path, start, end).content
+                    with self._lock:
+                        self.bytes_fetched += len(body)
+                    digest.update(body)
+                    out.write(body)
+            if etag and len(etag) in (40, 64) and digest.hexdigest() != etag:
+                raise DatasetError(
+                    f"{self.repo_id}@{self.revision[:12]}: {path}: the fetched bytes do not match "
+                    f"the Hub's ETag {etag} (got {digest.hexdigest()}); the file was not used."
+                )
+            os.replace(partial, target)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            with self._lock:
+                self._entries.pop(path, None)
+            raise
+        with self._lock:
+            self.fetches[path] = self.fetches.get(path, 0) + 1
+        return size
+
+
+class RemoteFile(io.RawIOBase):
+    """A read-only, seekable file over HTTP range requests of ``cache``'s repository file
+    ``path`` (each read one range, with the cache's retries), for readers that fetch only parts
+    of a file: pyarrow reads a parquet file's footer and then only the row groups asked for."""
+
+    def __init__(self, cache: HubFileCache, path: str) -> None:
+        super().__init__()
+        self.cache = cache
+        self.path = path
+        self.size = cache.size(path)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self.size - self._pos)
+        if n <= 0:
+            return 0
+        data = self.cache.read_range(self.path, self._pos, self._pos + n - 1)
+        buffer[:n] = data
+        self._pos += n
+        return n
+
+
+def parquet_metadata(cache: HubFileCache, path: str):
+    """The footer (``FileMetaData``) of parquet file ``path``: its last 8 bytes, then the footer
+    itself, two range requests. pyarrow's own reader first reads the last 64 KiB whatever the
+    footer's size (a whole small file); here it reads from a view of the file that holds only the
+    footer and zeros before it, which the footer's parser never looks at."""
+    import pyarrow.parquet as pq
+
+    size = cache.size(path)
+    tail = cache.read_range(path, max(0, size - 8), size - 1)
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        raise DatasetError(f"{cache.repo_id}: {path}: not a parquet file (no PAR1 footer)")
+    length = int.from_bytes(tail[:4], "little")
+    start = size - 8 - length
+    if start < 4:
+        raise DatasetError(f"{cache.repo_id}: {path}: footer length {length} exceeds the file")
+    footer = cache.read_range(path, start, size - 9) + tail
+    view = io.BytesIO(bytes(start) + footer)
+    return pq.read_metadata(view)

@@ -1,0 +1,507 @@
+"""A LeRobot v3.0 dataset read from the Hub as training consumes it (``--dataset.streaming=true``).
+
+The metadata (``meta/``: info, stats, tasks, episodes) is fetched first, at the commit the
+revision points to when the run starts (:func:`~lerobot_pipe.datasets.hub_files.resolve_revision`;
+the sha is saved in every checkpoint, so a resume reads the same bytes). It gives the dataset its
+features, statistics and episode bounds without any data file. A sample is then built where the
+map-style path builds it: :meth:`StreamingLeRobotDataset.get_batch` groups the requested rows by
+file group (the episodes that live in the same data and video files), opens each group as a
+map-style :class:`LeRobotDataset` of those episodes over a view folder whose files are links
+into a :class:`HubFileCache` (fetched when first needed, pinned while the group is open,
+evicted after), and asks it for the rows. Windows and padding
+masks at episode edges, camera decoding and its checks, ``task`` strings and image transforms are
+therefore the map-style code's, and row positions are the map-style dataset's: position ``i``
+here is the sample ``LeRobotDataset(...)[i]`` over the same episodes. Which rows are read when is
+the sampler's business (:mod:`lerobot_pipe.datasets.stream_sampler`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from lerobot_pipe.configs.train import ImageTransformsConfig
+from lerobot_pipe.constants import DATASET_INFO, DATASET_VIDEO_PATH
+from lerobot_pipe.datasets.cameras import CameraError, frame_shape
+from lerobot_pipe.datasets.hub_files import (
+    HubFileCache,
+    RemoteFile,
+    parquet_metadata,
+    resolve_revision,
+)
+from lerobot_pipe.datasets.lerobot_dataset import (
+    CAMERA_DTYPES,
+    DEFAULT_TOLERANCE_S,
+    IMAGENET_STATS,
+    META_COLUMNS,
+    NUMERIC_DTYPES,
+    DatasetError,
+    LeRobotDataset,
+    _read_episodes,
+    _read_info,
+    _read_stats,
+    _read_tasks,
+)
+from lerobot_pipe.datasets.transforms import ImageTransforms
+
+META_PATTERNS = ["meta/**"]
+DEFAULT_CACHE_MB = 2048  # --dataset.streaming_cache_mb's default
+# File groups (the episodes that live in the same data and video files) kept open, their
+# decoders and their files pinned, after their last read: at least those a shuffle buffer spans,
+# or the stream reopens them batch after batch. Idle groups are also closed, oldest first, when
+# the cache needs their files' room.
+DEFAULT_OPEN_GROUPS = 64
+_FILES_DIR = "files"
+_ROWS_DIR = ".rows"  # in the file cache: each open group's rows of its data file
+_VIEWS_DIR = "views"
+_META_DIR = "meta"
+
+
+def fetch_metadata(
+    repo_id: str,
+    revision: str,
+    folder: Path,
+    *,
+    repo_type: str = "dataset",
+    endpoint: str | None = None,
+    token: str | None = None,
+) -> Path:
+    """``meta/`` of the repo at commit ``revision`` into ``folder`` (which then holds
+    ``meta/info.json``, ...); the folder."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(
+            repo_id,
+            repo_type=repo_type,
+            revision=revision,
+            local_dir=folder,
+            allow_patterns=META_PATTERNS,
+            endpoint=endpoint,
+            token=token,
+        )
+    except Exception as exc:
+        raise DatasetError(
+            f"streaming dataset {repo_id}@{revision[:12]}: fetching meta/ failed: "
+            f"{type(exc).__name__}: {str(exc).rstrip('.')}. Check the repo_id, your network and "
+            "HF_TOKEN."
+        ) from exc
+    path = Path(path)
+    if not (path / DATASET_INFO).is_file():
+        raise DatasetError(
+            f"{repo_id}@{revision[:12]}: {DATASET_INFO} not found; the repository is not a "
+            "LeRobot v3.0 dataset."
+        )
+    return path
+
+
+class StreamingLeRobotDataset:
+    """The dataset ``repo_id`` on the Hub, with the map-style dataset's row positions and samples.
+
+    ``cache_dir`` holds the metadata, the fetched files (at most ``cache_mb`` MiB of them) and
+    the per-episode view folders; it is emptied of a previous run's files at start.
+    ``revision`` is a branch, tag or commit; :attr:`revision` is the commit sha it resolved to.
+    The other arguments are :class:`LeRobotDataset`'s.
+    """
+
+    def __init__(
+        self,
+        repo_id: str,
+        cache_dir: str | Path,
+        *,
+        revision: str | None = None,
+        cache_mb: float = DEFAULT_CACHE_MB,
+        delta_timestamps: dict[str, list[float]] | None = None,
+        episodes: list[int] | None = None,
+        video_backend: str | None = None,
+        tolerance_s: float = DEFAULT_TOLERANCE_S,
+        image_transforms: ImageTransformsConfig | None = None,
+        use_imagenet_stats: bool = True,
+        repo_type: str = "dataset",
+        endpoint: str | None = None,
+        token: str | None = None,
+        open_groups: int = DEFAULT_OPEN_GROUPS,
+    ) -> None:
+        self.repo_id = repo_id
+        self.cache_dir = Path(cache_dir)
+        self.revision = resolve_revision(
+            repo_id, revision, repo_type=repo_type, endpoint=endpoint, token=token
+        )
+        meta_root = self.cache_dir / _META_DIR / self.revision
+        self.root = fetch_metadata(
+            repo_id, self.revision, meta_root, repo_type=repo_type, endpoint=endpoint, token=token
+        )
+        self.files = HubFileCache(
+            repo_id,
+            self.revision,
+            self.cache_dir / _FILES_DIR,
+            int(cache_mb * 2**20),
+            repo_type=repo_type,
+            endpoint=endpoint,
+            token=token,
+            on_full=self._close_oldest_idle,
+        )
+        self.info = _read_info(self.root)
+        self.fps = int(self.info["fps"])
+        self.features: dict[str, dict[str, Any]] = self.info["features"]
+        self.tolerance_s = tolerance_s
+        self.data_keys = [
+            k
+            for k, ft in self.features.items()
+            if k not in META_COLUMNS and ft.get("dtype") in NUMERIC_DTYPES
+        ]
+        self.video_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "video"]
+        self.image_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "image"]
+        self.camera_keys = [
+            k for k, ft in self.features.items() if ft.get("dtype") in CAMERA_DTYPES
+        ]
+        try:
+            self.camera_shapes = {
+                key: frame_shape(key, self.features[key], self.root / DATASET_INFO)
+                for key in self.camera_keys
+            }
+        except CameraError as exc:
+            raise DatasetError(str(exc)) from None
+        self.stats = _read_stats(self.root, self.features, self.data_keys, self.camera_shapes)
+        if use_imagenet_stats:
+            for key in self.camera_keys:
+                self.stats.setdefault(key, {}).update(
+                    {
+                        name: np.asarray(value, dtype=np.float32).reshape(-1, 1, 1)
+                        for name, value in IMAGENET_STATS.items()
+                    }
+                )
+        self.tasks = _read_tasks(self.root)
+        self.episodes = episodes
+        self.delta_timestamps = delta_timestamps or {}
+        self.video_backend = video_backend
+        self.image_transforms_config = image_transforms or ImageTransformsConfig()
+        self.image_transforms = ImageTransforms(self.image_transforms_config)
+        self.use_imagenet_stats = use_imagenet_stats
+        self._read_episode_table()
+        self._open: OrderedDict[int, tuple[LeRobotDataset, list[str]]] = OrderedDict()
+        self._in_use: dict[int, int] = {}
+        self._open_limit = max(1, open_groups)
+        self._lock = threading.Condition(threading.RLock())
+        self._opening: set[int] = set()  # groups being opened (outside the lock)
+        self._parquet_meta: dict[str, pq.FileMetaData] = {}
+        shutil.rmtree(self.cache_dir / _VIEWS_DIR, ignore_errors=True)
+
+    def _read_episode_table(self) -> None:
+        table = _read_episodes(self.root, self.episodes)
+        where = self.root / "meta/episodes"
+        if table is None:
+            raise DatasetError(f"{where}: no episodes metadata; the repository is incomplete.")
+        needed = ["dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index"]
+        needed += [
+            f"videos/{k}/{c}" for k in self.video_keys for c in ("chunk_index", "file_index")
+        ]
+        missing = [c for c in needed if c not in table]
+        if missing:
+            raise DatasetError(f"{where}: columns {missing} are missing; the metadata is corrupt.")
+        if self.episodes is not None:
+            absent = sorted(set(self.episodes) - set(table["episode_index"].tolist()))
+            if absent:
+                raise DatasetError(
+                    f"{self.repo_id}: episodes {absent} are not in the dataset "
+                    f"({self.info.get('total_episodes', '?')} episodes)."
+                )
+        order = np.argsort(table["dataset_from_index"], kind="stable")
+        self._table = {name: values[order] for name, values in table.items()}
+        lengths = (self._table["dataset_to_index"] - self._table["dataset_from_index"]).astype(
+            np.int64
+        )
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        self._episode_bounds = (starts, ends)
+        self.num_episodes = len(starts)
+        self.num_frames = int(ends[-1]) if len(ends) else 0
+        self._episode_ids = self._table["episode_index"].astype(np.int64)
+        self._row_episode = np.repeat(self._episode_ids, lengths)
+        self._row_task = np.repeat(self._first_task_index(), lengths)
+        # Episodes that live in the same files open as one map-style dataset (one decoder per
+        # file, each batch's frames of a file decoded in one call, as the map-style path does).
+        keys = [tuple(self._files_at(pos)) for pos in range(self.num_episodes)]
+        self._groups = list(dict.fromkeys(keys))
+        group_of = {key: g for g, key in enumerate(self._groups)}
+        self._episode_group = np.asarray([group_of[k] for k in keys], np.int64)
+        # Each episode's first row within its group's dataset (which sorts rows by index, the
+        # order of the episodes here too).
+        self._group_offset = np.zeros(self.num_episodes, np.int64)
+        for g in range(len(self._groups)):
+            members = np.flatnonzero(self._episode_group == g)
+            self._group_offset[members] = np.cumsum(lengths[members]) - lengths[members]
+
+    def _first_task_index(self) -> np.ndarray:
+        """Each episode's first task (meta/episodes ``tasks``) as a task index: the per-row
+        ``task_index`` the held-out split groups by, known before any data file is read."""
+        if self.tasks is None:
+            return np.zeros(self.num_episodes, np.int64)
+        from lerobot_pipe.training.heldout import episode_first_tasks
+
+        by_name = {task: i for i, task in enumerate(self.tasks)}
+        firsts = episode_first_tasks(self.root, self._episode_ids.tolist())
+        return np.asarray([by_name.get(firsts.get(e, ""), 0) for e in self._episode_ids], np.int64)
+
+    # ------------------------------------------------------------------ the map-style surface
+
+    @property
+    def episode_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._episode_bounds
+
+    @property
+    def episode_index(self) -> np.ndarray:
+        view = self._row_episode.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def task_index(self) -> np.ndarray:
+        view = self._row_task.view()
+        view.flags.writeable = False
+        return view
+
+    def __len__(self) -> int:
+        return self.num_frames
+
+    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        if not -self.num_frames <= idx < self.num_frames:
+            raise IndexError(f"index {idx} out of range for {self.num_frames} frames")
+        return {key: value[0] for key, value in self.get_batch([idx % self.num_frames]).items()}
+
+    def prepare_cameras(
+        self, batch: dict[str, torch.Tensor], sample_keys: np.ndarray | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The map-style finishing step (uint8 -> float32, image transforms)."""
+        return LeRobotDataset.prepare_cameras(self, batch, sample_keys)  # type: ignore[arg-type]
+
+    def get_batch(
+        self,
+        indices: np.ndarray | list[int],
+        *,
+        sample_keys: np.ndarray | None = None,
+        raw_cameras: bool = False,
+        pin_memory: bool = False,
+    ) -> dict[str, Any]:
+        """:meth:`LeRobotDataset.get_batch` of the same rows: each file group's rows from its
+        map-style dataset, put back in the requested order."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.ndim != 1 or not idx.size:
+            raise IndexError(f"indices must be a non-empty 1-D array, got shape {list(idx.shape)}")
+        if idx.min() < 0 or idx.max() >= self.num_frames:
+            raise IndexError(
+                f"indices must lie in [0, {self.num_frames}), got [{idx.min()}, {idx.max()}]"
+            )
+        starts, _ = self._episode_bounds
+        position = np.searchsorted(starts, idx, side="right") - 1
+        local = idx - starts[position] + self._group_offset[position]
+        group = self._episode_group[position]
+        parts: list[tuple[np.ndarray, dict[str, Any]]] = []
+        for g in np.unique(group).tolist():
+            where = np.flatnonzero(group == g)
+            dataset = self._acquire(g)
+            try:
+                part = dataset.get_batch(local[where], raw_cameras=True)
+            finally:
+                self._release(g)
+            parts.append((where, part))
+        batch = _merge(parts, len(idx))
+        if pin_memory:
+            batch = {
+                k: v.pin_memory() if isinstance(v, torch.Tensor) and k in self.camera_keys else v
+                for k, v in batch.items()
+            }
+        if not raw_cameras:
+            batch = self.prepare_cameras(batch, sample_keys)
+        return batch
+
+    # ------------------------------------------------------------------ episodes through the cache
+
+    def episode_files(self, episode: int) -> list[str]:
+        """Repository paths of the data and video files episode ``episode`` lives in."""
+        hits = np.flatnonzero(self._episode_ids == episode)
+        if not len(hits):
+            raise DatasetError(f"{self.repo_id}: episode {episode} is not in this dataset")
+        return self._files_at(int(hits[0]))
+
+    def _files_at(self, pos: int) -> list[str]:
+        data_path = self.info["data_path"]
+        files = [
+            data_path.format(
+                chunk_index=int(self._table["data/chunk_index"][pos]),
+                file_index=int(self._table["data/file_index"][pos]),
+            )
+        ]
+        template = self.info.get("video_path") or DATASET_VIDEO_PATH
+        for key in self.video_keys:
+            files.append(
+                template.format(
+                    video_key=key,
+                    chunk_index=int(self._table[f"videos/{key}/chunk_index"][pos]),
+                    file_index=int(self._table[f"videos/{key}/file_index"][pos]),
+                )
+            )
+        return files
+
+    def _acquire(self, group: int) -> LeRobotDataset:
+        """The open dataset of file group ``group``, in use until :meth:`_release`. A group is
+        opened (its files fetched) outside the lock, once: workers needing other, open groups
+        go on meanwhile, and a second worker needing the same group waits for the first."""
+        with self._lock:
+            while group in self._opening:
+                self._lock.wait()
+            if group in self._open:
+                self._in_use[group] = self._in_use.get(group, 0) + 1
+                self._open.move_to_end(group)
+                return self._open[group][0]
+            self._opening.add(group)
+            self._close_idle(room=1)  # its files may need the room of an idle group's
+        try:
+            opened = self._open_group(group)
+        except BaseException:
+            with self._lock:
+                self._opening.discard(group)
+                self._lock.notify_all()
+            raise
+        with self._lock:
+            self._open[group] = opened
+            self._in_use[group] = self._in_use.get(group, 0) + 1
+            self._opening.discard(group)
+            self._lock.notify_all()
+            self._close_idle()
+            return opened[0]
+
+    def _release(self, group: int) -> None:
+        with self._lock:
+            self._in_use[group] -= 1
+            if not self._in_use[group]:
+                del self._in_use[group]
+            self._close_idle()
+
+    def _close_idle(self, room: int = 0) -> None:
+        """Close the least recently used file groups beyond the open limit (less ``room``), not
+        those in use."""
+        for group in list(self._open):
+            if len(self._open) <= self._open_limit - room:
+                break
+            if group not in self._in_use:
+                self._close_group(group)
+
+    def _close_oldest_idle(self) -> bool:
+        """Close the least recently used idle file group (the cache needs room); False if none."""
+        with self._lock:
+            for group in self._open:
+                if group not in self._in_use:
+                    self._close_group(group)
+                    return True
+            return False
+
+    def _open_group(self, group: int) -> tuple[LeRobotDataset, list[str]]:
+        paths = list(self._groups[group])
+        episodes = self._episode_ids[self._episode_group == group].tolist()
+        view = self.cache_dir / _VIEWS_DIR / f"group-{group}"
+        shutil.rmtree(view, ignore_errors=True)
+        (view / "meta").parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(self.root / "meta", view / "meta", target_is_directory=True)
+        acquired: list[str] = []
+        try:
+            rows, name = self._episode_rows(group, paths[0], episodes)
+            acquired.append(name)
+            (view / paths[0]).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(rows, view / paths[0])
+            for path in paths[1:]:
+                local = self.files.acquire(path)
+                acquired.append(path)
+                (view / path).parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(local, view / path)
+            dataset = LeRobotDataset(
+                view,
+                delta_timestamps=self.delta_timestamps or None,
+                episodes=episodes,
+                video_backend=self.video_backend,
+                tolerance_s=self.tolerance_s,
+                image_transforms=self.image_transforms_config,
+                use_imagenet_stats=self.use_imagenet_stats,
+            )
+        except BaseException:
+            for path in acquired:
+                self.files.release(path)
+            shutil.rmtree(view, ignore_errors=True)
+            raise
+        return dataset, acquired
+
+    def _episode_rows(self, group: int, path: str, episodes: list[int]) -> tuple[Path, str]:
+        """The rows of ``episodes`` of data file ``path``, read over HTTP ranges (the footer and
+        the row groups whose ``episode_index`` statistics may hold them: LeRobot's writer makes a
+        row group per episode) into a parquet file of their own in the cache; its local path and
+        cache name."""
+        with self._lock:
+            meta = self._parquet_meta.get(path)
+        if meta is None:  # the footer is read once per file (it lists every row group)
+            meta = parquet_metadata(self.files, path)
+            with self._lock:
+                self._parquet_meta[path] = meta
+        source = pq.ParquetFile(RemoteFile(self.files, path), metadata=meta)
+        column = next(
+            (j for j in range(meta.num_columns) if meta.schema.column(j).path == "episode_index"),
+            None,
+        )
+        if column is None:
+            raise DatasetError(f"{self.repo_id}: {path}: no episode_index column")
+        wanted = np.asarray(episodes)
+        row_groups = []
+        for i in range(meta.num_row_groups):
+            stats = meta.row_group(i).column(column).statistics
+            if (
+                stats is None
+                or not stats.has_min_max
+                or ((wanted >= stats.min) & (wanted <= stats.max)).any()
+            ):
+                row_groups.append(i)
+        table = source.read_row_groups(row_groups)
+        table = table.filter(
+            pc.is_in(table["episode_index"], pa.array(episodes, table["episode_index"].type))
+        )
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        name = f"{_ROWS_DIR}/group-{group}/{path}"
+        return self.files.store(name, sink.getvalue().to_pybytes()), name
+
+    def _close_group(self, group: int) -> None:
+        _, paths = self._open.pop(group)
+        for path in paths:
+            self.files.release(path)
+        shutil.rmtree(self.cache_dir / _VIEWS_DIR / f"group-{group}", ignore_errors=True)
+
+    def close(self) -> None:
+        """Close every open file group (their files become evictable)."""
+        with self._lock:
+            for group in list(self._open):
+                self._close_group(group)
+
+
+def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], size: int) -> dict[str, Any]:
+    """Batches of disjoint row subsets (``where`` positions in the whole batch) as one batch."""
+    if len(parts) == 1:
+        return parts[0][1]
+    order = np.argsort(np.concatenate([where for where, _ in parts]), kind="stable")
+    out: dict[str, Any] = {}
+    for key, first in parts[0][1].items():
+        if isinstance(first, torch.Tensor):
+            joined = torch.cat([part[key] for _, part in parts])
+            out[key] = joined[torch.from_numpy(order)].contiguous()
+        else:
+            joined_list = [item for _, part in parts for item in part[key]]
+            out[key] = [joined_list[i] for i in order.tolist()]
+    assert all(len(v) == size for v in out.values())
+    return out
