@@ -153,7 +153,8 @@ def converted_steps(wildcards):
 
 def eval_env():
     """eval.env; for the synthetic env on the synthetic dataset its cameras, image size and
-    pixels_only default to the dataset's, so the policy gets the inputs it was trained on."""
+    pixels_only default to the dataset's, so the policy gets the inputs it was trained on.
+    """
     env = dict(config["eval"]["env"] or {})
     if env.get("type") == "synthetic" and USE_SYNTHETIC_DATASET:
         for key in ("cameras", "image_size", "pixels_only"):
