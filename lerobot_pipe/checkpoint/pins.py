@@ -45,8 +45,14 @@ def pin(output_dir: str | Path, step: str, reason: str) -> Path:
     path = pins_dir(output_dir) / f"{step}.{reason}"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(
-        path, {"step": step, "reason": reason, "host": socket.gethostname(), "pid": os.getpid(),
-               "time": time.time()}
+        path,
+        {
+            "step": step,
+            "reason": reason,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "time": time.time(),
+        },
     )
     return path
 

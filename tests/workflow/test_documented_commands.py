@@ -53,6 +53,11 @@ RULES = [
         SKIP,
         "needs a Hub account (test_pipeline.py publishes to a local Hub server)",
     ),
+    (
+        r"config/eval-demo\.yaml$",
+        SKIP,
+        "the same command runs in tests/workflow/test_evaluate_pipeline.py (its fixture)",
+    ),
     (r"^snakemake --cores 8\b", DRY_RUN, "needs 8 GPUs: planned with --dry-run"),
     (r"--config_path=outputs/act/", SKIP, "resumes the GPU-sized run, which is only validated"),
     (r"^torchrun --nproc-per-node=\d+ \$\(which lerobot-train\) ", VALIDATE, "GPU-sized"),

@@ -136,9 +136,7 @@ def test_retention_keeps_the_best_and_a_new_checkpoint_evaluates_only_itself(dem
     run = demo.clone(tmp_path / "repo")
     chosen = best(run)["step"]
     evaluated = run.mtimes(f"{DEMO_RUN}/eval/0*/eval_info.json")
-    override = run.write_config(
-        "more.yaml", {"train": {"steps": 310, "checkpoint_keep_last": 1}}
-    )
+    override = run.write_config("more.yaml", {"train": {"steps": 310, "checkpoint_keep_last": 1}})
     result = run.run_ok("--cores", "2", *DEMO, override)
     jobs = result.jobs()
     assert (jobs["train"], jobs["convert"], jobs["evaluate"], jobs["best"]) == (1, 1, 1, 1)

@@ -29,8 +29,15 @@ def main(snakemake) -> None:
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(6, 6.5), sharex=True)
     for ax, (key, label) in zip(axes, PANELS, strict=True):
         ax.plot(steps, [overall[s][key] for s in steps], marker="o")
-        ax.plot([best_step], [overall[best_step][key]], marker="*", markersize=14,
-                linestyle="none", color="tab:red", label=f"best: step {best_step}")
+        ax.plot(
+            [best_step],
+            [overall[best_step][key]],
+            marker="*",
+            markersize=14,
+            linestyle="none",
+            color="tab:red",
+            label=f"best: step {best_step}",
+        )
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylim(-5, 105)
