@@ -68,9 +68,11 @@ def eval_config_key(flag: str) -> str | None:
 
 
 def with_eval_config_keys(message: str) -> str:
-    """``message`` and, after it, the ``eval`` config keys behind the lerobot-eval flags it names."""
-    keys = list(dict.fromkeys(k for k in map(eval_config_key, _FLAG.findall(message)) if k))
-    return f"{message} [config: {', '.join(keys)}]" if keys else message
+    """``message`` and, after it, the ``eval`` config key behind the first lerobot-eval flag it
+    names: the one refused (the flags after it are suggestions, "Known: ...")."""
+    flags = _FLAG.findall(message)
+    key = eval_config_key(flags[0]) if flags else None
+    return f"{message} [config: {key}]" if key else message
 
 
 def with_config_keys(message: str) -> str:
