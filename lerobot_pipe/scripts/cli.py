@@ -237,7 +237,7 @@ def cmd_choose_best(options: ChooseBestOptions, _: list[str]) -> int:
 @dataclass
 class PinOptions:
     """Pin a checkpoint against retention (--checkpoint_keep_last) for a reason: best, evaluate
-    or publish (unpin removes it)."""
+    or publish."""
 
     output_dir: str = required()  # lerobot-train's --output_dir
     step: str = required()  # the checkpoint's step folder name, e.g. 000020
@@ -251,7 +251,13 @@ def cmd_pin(options: PinOptions, _: list[str]) -> int:
     return 0
 
 
-def cmd_unpin(options: PinOptions, _: list[str]) -> int:
+@dataclass
+class UnpinOptions(PinOptions):
+    """Remove a checkpoint's pin (one a job killed hard left behind): retention may then delete
+    the checkpoint again."""
+
+
+def cmd_unpin(options: UnpinOptions, _: list[str]) -> int:
     from lerobot_pipe.checkpoint.pins import unpin
 
     unpin(options.output_dir, options.step, options.reason)
@@ -278,7 +284,7 @@ COMMANDS: dict[str, Command] = {
     "evaluate": Command(EvaluateOptions, cmd_evaluate, passes_to_eval=True),
     "choose-best": Command(ChooseBestOptions, cmd_choose_best),
     "pin": Command(PinOptions, cmd_pin),
-    "unpin": Command(PinOptions, cmd_unpin),
+    "unpin": Command(UnpinOptions, cmd_unpin),
 }
 
 

@@ -167,3 +167,12 @@ def test_bad_eval_flag_fails_before_training(demo, tmp_path):
     result = run.snakemake("-n", *DEMO, override)
     assert result.returncode != 0
     assert "eval.env.fpss" in result.output, result.output[-2000:]
+
+
+def test_an_eval_setting_change_reruns_evaluation_only(demo, tmp_path):
+    run = demo.clone(tmp_path / "repo")
+    override = run.write_config("more_episodes.yaml", {"eval": {"n_episodes": 30}})
+    result = run.run_ok("-n", *DEMO, override)
+    jobs = result.jobs()
+    assert jobs["evaluate"] == 3 and not {"train", "validate", "convert"} & jobs.keys()
+    assert "before: '--eval.n_episodes=20' now: '--eval.n_episodes=30'" in result.output
