@@ -265,7 +265,7 @@ def print_results():
     lines += [
         f"  logs         {RESULTS}/logs/ (training: {RESULTS}/logs/train.log)",
         f"  report       `{report_command()}` writes {RESULTS}/report.html (loss, "
-        "throughput, checkpoint table)",
+        "evaluation, throughput, checkpoint table)",
     ]
     logger.info("\n".join(lines))
 
