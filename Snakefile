@@ -1,5 +1,6 @@
 # lerobot_pipe: validate the config -> train with torchrun -> convert each checkpoint ->
-# publish to the Hugging Face Hub. config/README.md describes every config key.
+# evaluate each in simulation and choose the best -> publish to the Hugging Face Hub.
+# config/README.md describes every config key.
 import copy
 
 import yaml
@@ -38,6 +39,7 @@ include: "workflow/rules/dataset.smk"
 include: "workflow/rules/validate.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/convert.smk"
+include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/publish.smk"
 include: "workflow/rules/report.smk"
 
@@ -47,9 +49,12 @@ include: "workflow/rules/report.smk"
 localrules:
     all,
     convert_all,
+    evaluate_all,
     publish_all,
     dataset,
+    best,
     plot_training,
+    plot_eval,
     checkpoint_table,
 
 
@@ -57,6 +62,7 @@ rule all:
     default_target: True
     input:
         converted_steps,
+        [evaluated_steps, BEST, rules.plot_eval.output] if EVALUATING else [],
         published_steps if PUBLISHING else [],
         rules.plot_training.output,
         rules.checkpoint_table.output,
@@ -65,6 +71,12 @@ rule all:
 rule convert_all:
     input:
         converted_steps,
+
+
+rule evaluate_all:
+    input:
+        evaluated_steps,
+        BEST,
 
 
 rule publish_all:

@@ -70,6 +70,9 @@ TMP_CHECKPOINT_PREFIX = ".tmp-"
 # A complete checkpoint that retention (--checkpoint_keep_last) is deleting is first renamed to
 # this prefix + its name, so a kill mid-delete never leaves a damaged complete-looking folder.
 DELETING_CHECKPOINT_PREFIX = ".tmp-delete-"
+# <output_dir>/pins/<step folder>.<reason>: checkpoints retention must keep (the pipeline's best
+# checkpoint, one being evaluated or published). lerobot_pipe/checkpoint/pins.py.
+PINS_DIR = "pins"
 
 # Dataset v3.0 layout.
 DATASET_INFO = "meta/info.json"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.checkpoint.pins import pinned_steps
 from lerobot_pipe.fsutil import fsync_path, read_json
 from lerobot_pipe.training.faults import fault_point
 
@@ -158,10 +159,11 @@ def update_last_link(ckpt_root: Path, name: str) -> None:
 
 def prune_checkpoints(output_dir: str | Path, keep_last: int) -> list[Path]:
     """Retention (``--checkpoint_keep_last``): delete the complete checkpoints older than the
-    ``keep_last`` newest (by step), never the one ``last`` points to. Called right after a save
-    completed, so a checkpoint goes only once a newer one is complete. Each is first renamed to a temporary name (atomic: no
-    half-deleted folder ever looks complete; a kill mid-delete leaves a temporary that the next
-    start removes)."""
+    ``keep_last`` newest (by step), never the one ``last`` points to nor a pinned one (the
+    pipeline's best checkpoint, one being evaluated or published: :mod:`.pins`). Called right
+    after a save completed, so a checkpoint goes only once a newer one is complete. Each is
+    first renamed to a temporary name (atomic: no half-deleted folder ever looks complete; a
+    kill mid-delete leaves a temporary that the next start removes)."""
     if keep_last <= 0:
         return []
     root = checkpoints_dir(output_dir)
@@ -171,6 +173,10 @@ def prune_checkpoints(output_dir: str | Path, keep_last: int) -> list[Path]:
     removed = []
     for step_dir in complete[:-keep_last]:
         if current is not None and step_dir.resolve() == current:
+            continue
+        pins = pinned_steps(output_dir).get(step_dir.name)
+        if pins:
+            log.info("keeping checkpoint %s: pinned (%s)", step_dir.name, ", ".join(sorted(pins)))
             continue
         doomed = root / f"{C.DELETING_CHECKPOINT_PREFIX}{step_dir.name}"
         shutil.rmtree(doomed, ignore_errors=True)

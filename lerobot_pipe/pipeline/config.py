@@ -3,7 +3,8 @@
 :func:`config_problems` checks a config against the workflow's JSON schema and names each
 problem by its key, one line each (Snakemake's own validate() prints the whole schema and config
 for an unknown key). :func:`with_config_keys` adds, to a lerobot-train message that names flags,
-the config keys that set them (``--checkpoint_format`` is ``train.checkpoint_format``).
+the config keys that set them (``--checkpoint_format`` is ``train.checkpoint_format``);
+:func:`with_eval_config_keys` does the same for the evaluate rule's lerobot-eval flags.
 """
 
 from __future__ import annotations
@@ -56,6 +57,22 @@ def config_key(flag: str) -> str | None:
     if flag.startswith("dataset."):
         return flag if flag in _DATASET_KEYS else None
     return f"train.{flag}"
+
+
+def eval_config_key(flag: str) -> str | None:
+    """The pipeline config key behind lerobot-eval's ``--<flag>`` in the evaluate rule (None:
+    the pipeline's own, such as --policy.path and --output_dir)."""
+    if flag.startswith(("env.", "eval.")):
+        return flag if flag.startswith("eval.") else f"eval.{flag}"
+    return "eval.seed" if flag == "seed" else None
+
+
+def with_eval_config_keys(message: str) -> str:
+    """``message`` and, after it, the ``eval`` config key behind the first lerobot-eval flag it
+    names: the one refused (the flags after it are suggestions, "Known: ...")."""
+    flags = _FLAG.findall(message)
+    key = eval_config_key(flags[0]) if flags else None
+    return f"{message} [config: {key}]" if key else message
 
 
 def with_config_keys(message: str) -> str:

@@ -24,6 +24,7 @@ log = logging.getLogger("lerobot_pipe.cli")
 PROG = "lerobot-pipe"
 # What validate and launch-train do with the flags that are not their own.
 PASSES_ON = "Every other flag is lerobot-train's (lerobot-train --help) and is passed on to it."
+PASSES_TO_EVAL = "Every other flag is lerobot-eval's (lerobot-eval --help) and is passed on to it."
 
 
 @dataclass
@@ -181,12 +182,96 @@ def cmd_publish(options: PublishOptions, _: list[str]) -> int:
     return 0
 
 
+@dataclass
+class EvaluateOptions:
+    """Evaluate one checkpoint with lerobot-eval (its library path, here), the checkpoint pinned
+    against retention meanwhile; eval_info.json is written last, atomically."""
+
+    checkpoint_dir: str = required()  # the step folder (<output_dir>/checkpoints/<step>) to pin
+    output_dir: str = required()  # lerobot-eval's --output_dir: eval_info.json and videos/
+
+
+def cmd_evaluate(options: EvaluateOptions, eval_args: list[str]) -> int:
+    from lerobot_pipe.configs.parser import ConfigError
+    from lerobot_pipe.pipeline.config import with_eval_config_keys
+    from lerobot_pipe.pipeline.evaluate_job import evaluate_checkpoint
+    from lerobot_pipe.scripts.eval import BadInput
+
+    try:
+        evaluate_checkpoint(options.checkpoint_dir, options.output_dir, eval_args)
+    except (BadInput, ConfigError) as e:
+        report_error(f"{PROG} evaluate", with_eval_config_keys(str(e)))
+        return 2
+    return 0
+
+
+@dataclass
+class ChooseBestOptions:
+    """Choose a run's best checkpoint from its eval_info.json files (success rate, then mean max
+    reward, then mean sum reward, then the later step), write best.json and move the checkpoint's
+    `best` pin to it, so that retention keeps it."""
+
+    eval_infos: list[str] = required()  # eval/<step>/eval_info.json of each evaluated step
+    output: str = required()  # best.json to write
+    train_dir: str | None = None  # lerobot-train's --output_dir whose checkpoint to pin
+
+
+def cmd_choose_best(options: ChooseBestOptions, _: list[str]) -> int:
+    from lerobot_pipe.checkpoint.pins import move_pin
+    from lerobot_pipe.evaluation.best import best_record, write_best
+
+    record = best_record({Path(p).parent.name: p for p in options.eval_infos})
+    if options.train_dir:
+        move_pin(options.train_dir, "best", [record["step"]])
+    write_best(options.output, record)
+    log.info(
+        "best checkpoint: %s (%.1f %% success, avg max reward %.4f, avg sum reward %.4f)",
+        record["step"],
+        record["pc_success"],
+        record["avg_max_reward"],
+        record["avg_sum_reward"],
+    )
+    return 0
+
+
+@dataclass
+class PinOptions:
+    """Pin a checkpoint against retention (--checkpoint_keep_last) for a reason: best, evaluate
+    or publish."""
+
+    output_dir: str = required()  # lerobot-train's --output_dir
+    step: str = required()  # the checkpoint's step folder name, e.g. 000020
+    reason: str = required()  # best, evaluate or publish
+
+
+def cmd_pin(options: PinOptions, _: list[str]) -> int:
+    from lerobot_pipe.checkpoint.pins import pin
+
+    pin(options.output_dir, options.step, options.reason)
+    return 0
+
+
+@dataclass
+class UnpinOptions(PinOptions):
+    """Remove a checkpoint's pin (one a job killed hard left behind): retention may then delete
+    the checkpoint again."""
+
+
+def cmd_unpin(options: UnpinOptions, _: list[str]) -> int:
+    from lerobot_pipe.checkpoint.pins import unpin
+
+    unpin(options.output_dir, options.step, options.reason)
+    return 0
+
+
 @dataclass(frozen=True)
 class Command:
     options: type
     run: Callable[..., int]
     # Flags that are not its options go on to lerobot-train, and its errors name config keys.
     passes_on: bool = False
+    # Flags that are not its options go on to lerobot-eval (the command names config keys).
+    passes_to_eval: bool = False
 
 
 COMMANDS: dict[str, Command] = {
@@ -196,6 +281,10 @@ COMMANDS: dict[str, Command] = {
     "launch-train": Command(LaunchTrainOptions, cmd_launch_train, passes_on=True),
     "check-run-lock": Command(CheckRunLockOptions, cmd_check_run_lock),
     "publish": Command(PublishOptions, cmd_publish),
+    "evaluate": Command(EvaluateOptions, cmd_evaluate, passes_to_eval=True),
+    "choose-best": Command(ChooseBestOptions, cmd_choose_best),
+    "pin": Command(PinOptions, cmd_pin),
+    "unpin": Command(UnpinOptions, cmd_unpin),
 }
 
 
@@ -213,6 +302,9 @@ def command_usage(name: str) -> str:
     usage = f"{PROG} {name} [--flag=value ...]"
     if command.passes_on:
         usage += " <lerobot-train flags>"
+    if command.passes_to_eval:
+        usage += " <lerobot-eval flags>"
+        return command_help(usage, command.options, PASSES_TO_EVAL)
     return command_help(usage, command.options, PASSES_ON if command.passes_on else "")
 
 
@@ -238,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
 
     command = COMMANDS[name]
     try:
-        options, rest = parse_options(command.options, args, others=command.passes_on)
+        options, rest = parse_options(
+            command.options, args, others=command.passes_on or command.passes_to_eval
+        )
     except ConfigError as e:
         report_error(f"{PROG} {name}", e)
         return 2

@@ -6,6 +6,8 @@ import sys
 
 TORCH_FREE = [
     "lerobot_pipe.checkpoint.layout",
+    "lerobot_pipe.checkpoint.pins",
+    "lerobot_pipe.evaluation.best",
     "lerobot_pipe.checkpoint.manifest",
     "lerobot_pipe.checkpoint.resume",
     "lerobot_pipe.pipeline.config",

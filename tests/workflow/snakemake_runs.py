@@ -19,6 +19,7 @@ from lerobot_pipe.constants import (
     CHECKPOINTS_DIR,
     ENV_FAULT_POINT,
     MODEL_SAFETENSORS,
+    PINS_DIR,
     PRETRAINED_MODEL_DIR,
     TRAINING_STATE_DIR,
     TRAINING_STEP,
@@ -194,21 +195,23 @@ class Workspace:
             for p in self.root.glob(f"{RUN}/converted/*/{PRETRAINED_MODEL_DIR}/{MODEL_SAFETENSORS}")
         )
 
-    def complete_checkpoints(self) -> list[str]:
+    def complete_checkpoints(self, run: str = RUN) -> list[str]:
         return sorted(
             p.parent.parent.name
             for p in self.root.glob(
-                f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/*/{TRAINING_STATE_DIR}/{TRAINING_STEP}"
+                f"{run}/train/{CHECKPOINTS_DIR}/*/{TRAINING_STATE_DIR}/{TRAINING_STEP}"
             )
             if p.parent.parent.name.isdigit()
         )
 
-    def training_files_mtimes(self) -> dict[str, int]:
-        """Every file training wrote, for asserting that training did not run again."""
+    def training_files_mtimes(self, run: str = RUN) -> dict[str, int]:
+        """Every file training wrote, for asserting that training did not run again (not the
+        pins the evaluate, best and publish jobs write beside the checkpoints)."""
+        train_dir = self.path(f"{run}/train")
         return {
             str(p): p.stat().st_mtime_ns
-            for p in sorted(self.path(TRAIN_DIR).rglob("*"))
-            if p.is_file()
+            for p in sorted(train_dir.rglob("*"))
+            if p.is_file() and p.relative_to(train_dir).parts[0] != PINS_DIR
         }
 
     def converted_weights(self, step: str) -> dict:

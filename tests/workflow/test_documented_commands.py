@@ -53,6 +53,11 @@ RULES = [
         SKIP,
         "needs a Hub account (test_pipeline.py publishes to a local Hub server)",
     ),
+    (
+        r"config/eval-demo\.yaml$",
+        SKIP,
+        "the same command runs in tests/workflow/test_evaluate_pipeline.py (its fixture)",
+    ),
     (r"^snakemake --cores 8\b", DRY_RUN, "needs 8 GPUs: planned with --dry-run"),
     (r"--config_path=outputs/act/", SKIP, "resumes the GPU-sized run, which is only validated"),
     (r"^torchrun --nproc-per-node=\d+ \$\(which lerobot-train\) ", VALIDATE, "GPU-sized"),
@@ -184,11 +189,11 @@ def test_the_commands_of_the_summary_run_and_the_report_lands_beside_the_run(
     assert_all_ran(workspace, commands)
     report = workspace.path(f"{RUN}/report.html").read_text()
     # It opens on its landing page (Snakemake's app does when the metadata is not empty), the
-    # run's description, which holds the two figures (inline SVG) and the checkpoint table.
+    # run's description, which holds the three figures (inline SVG) and the checkpoint table.
     assert re.search(r'var metadata = \{"', report)
     description = json.loads(re.search(r'var workflow_desc = ("(?:[^"\\]|\\.)*")', report)[1])
-    assert description.count("<svg") == 2 and "<table" in description
-    assert "throughput" in description and "loss" in description
+    assert description.count("<svg") == 3 and "<table" in description
+    assert "throughput" in description and "loss" in description and "success" in description
 
 
 def test_the_commands_of_the_stale_lock_hint_run(workspace):

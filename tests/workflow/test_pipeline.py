@@ -29,7 +29,10 @@ def test_default_config_runs_end_to_end(default_run):
         "validate": 1,
         "train": 1,
         "convert": 3,
+        "evaluate": 3,
+        "best": 1,
         "plot_training": 1,
+        "plot_eval": 1,
         "checkpoint_table": 1,
         "all": 1,
     }
@@ -40,7 +43,7 @@ def test_default_config_runs_end_to_end(default_run):
     assert final["step"] == 60 and final["world_size"] == 2
     assert "torchrun --standalone" in default_run.path(f"{RUN}/logs/train.log").read_text()
     assert not default_run.path(f"{RUN}/published").exists()
-    for figure in ("loss.svg", "throughput.svg", "checkpoints.html"):
+    for figure in ("loss.svg", "eval.svg", "throughput.svg", "checkpoints.html"):
         assert default_run.path(f"{RUN}/report/{figure}").stat().st_size > 0
 
 
@@ -57,7 +60,7 @@ def test_report_has_the_figures_and_the_checkpoint_table(default_run, tmp_path):
         "--report", f"{RUN}/report.html", "--report-metadata", "workflow/report/metadata.yaml"
     )
     report = run.path(f"{RUN}/report.html").read_text()
-    for name in ("loss.svg", "throughput.svg", "checkpoints.html"):
+    for name in ("loss.svg", "eval.svg", "throughput.svg", "checkpoints.html"):
         assert name in report
 
 
@@ -120,7 +123,15 @@ def test_rerun_convert_does_not_train(default_run, tmp_path):
     run = default_run.clone(tmp_path / "repo")
     training_before = run.training_files_mtimes()
     result = run.run_ok("--cores", "2", "-R", "convert")
-    assert result.jobs() == {"convert": 3, "checkpoint_table": 1, "all": 1}
+    # ... and what depends on the converted policies: their evaluation.
+    assert result.jobs() == {
+        "convert": 3,
+        "evaluate": 3,
+        "best": 1,
+        "plot_eval": 1,
+        "checkpoint_table": 1,
+        "all": 1,
+    }
     assert run.training_files_mtimes() == training_before
     assert run.converted_steps() == DEFAULT_STEPS
 

@@ -77,8 +77,18 @@ def test_snakefmt_is_clean():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-# The jobs of a dry run of the default config (the stages up to the train checkpoint).
-DRY_RUN_JOBS = ("dataset", "validate", "train", "plot_training", "checkpoint_table", "all")
+# The jobs of a dry run of the default config (the stages up to the train checkpoint, and the
+# jobs whose inputs only it will tell: the best checkpoint and its figure).
+DRY_RUN_JOBS = (
+    "dataset",
+    "validate",
+    "train",
+    "plot_training",
+    "best",
+    "plot_eval",
+    "checkpoint_table",
+    "all",
+)
 # What a planned job is, besides its rule and shell command: not the jobid, the reason, nor the
 # threads (Snakemake caps them at --cores, which a SLURM run does not set; no command uses them).
 PLANNED = ("input", "output", "log", "wildcards")
@@ -145,7 +155,7 @@ def test_publishing_switched_on_from_the_command_line(workspace):
     [
         (
             {"no_such_key": 1},
-            "unknown config key no_such_key; allowed here: run, dataset, launch, train, slurm, "
+            "unknown config key no_such_key; allowed here: run, dataset, launch, train, eval, slurm, "
             "publish, hub_repo_id, hub_endpoint",
         ),
         ({"launch": {"nprocs": 2}}, "unknown config key launch.nprocs; allowed here: nproc_per"),

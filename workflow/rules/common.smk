@@ -33,6 +33,15 @@ REPORT_METADATA = "workflow/report/metadata.yaml"
 
 USE_SYNTHETIC_DATASET = not (config["dataset"]["root"] or config["dataset"]["repo_id"])
 PUBLISHING = bool(config["hub_repo_id"])
+# Evaluation of each checkpoint (eval.env set): eval/<step>/eval_info.json, eval/best.json.
+EVALUATING = bool(config["eval"]["env"])
+EVAL_DIR = f"{RESULTS}/eval"
+BEST = f"{EVAL_DIR}/best.json"
+if config["publish"]["steps"] == "best" and not EVALUATING:
+    raise WorkflowError(
+        "config key publish.steps: best needs evaluation: set eval.env "
+        "(e.g. eval: {env: {type: synthetic}}; config/README.md)"
+    )
 WORLD_SIZE = config["launch"]["nnodes"] * config["launch"]["nproc_per_node"]
 
 # A safe --unlock: lerobot-pipe check-run-lock fails while a trainer still holds the run.
@@ -148,6 +157,69 @@ def converted_steps(wildcards):
     return expand(rules.convert.output[0], step=complete_steps())
 
 
+def eval_env():
+    """eval.env; for the synthetic env on the synthetic dataset its cameras, image size and
+    pixels_only default to the dataset's, so the policy gets the inputs it was trained on.
+    """
+    env = dict(config["eval"]["env"] or {})
+    if env.get("type") == "synthetic" and USE_SYNTHETIC_DATASET:
+        for key in ("cameras", "image_size", "pixels_only"):
+            env.setdefault(key, config["dataset"]["synthetic"][key])
+    return env
+
+
+def eval_flags():
+    """The evaluate rule's lerobot-eval flags (the policy path and output folder aside)."""
+    settings = config["eval"]
+    flags = {
+        "env": eval_env(),
+        "eval": {
+            key: settings[key] for key in ("n_episodes", "batch_size", "use_async_envs")
+        },
+        "seed": settings["seed"],
+    }
+    if settings["device"]:
+        flags["policy"] = {"device": settings["device"]}
+    return list(dotted_flags(flags))
+
+
+def check_eval_flags():
+    """lerobot-eval's own parsing of the eval flags, when the workflow is read: a bad key or
+    value fails before anything trains, naming the config key."""
+    from lerobot_pipe.configs.parser import ConfigError, parse_options
+    from lerobot_pipe.pipeline.config import with_eval_config_keys
+    from lerobot_pipe.scripts.eval import EvalPipelineOptions
+
+    try:
+        parse_options(EvalPipelineOptions, eval_flags())
+    except ConfigError as e:
+        raise WorkflowError(f"lerobot-eval: {with_eval_config_keys(str(e))}") from None
+
+
+if EVALUATING:
+    check_eval_flags()
+
+
+def evaluated_steps(wildcards):
+    checkpoints.train.get()
+    return expand(rules.evaluate.output[0], step=complete_steps())
+
+
+def best_step():
+    """The step folder name eval/best.json names (after the best checkpoint job ran)."""
+    from lerobot_pipe.evaluation.best import read_best
+
+    return read_best(checkpoints.best.get().output[0])["step"]
+
+
+def published_main_step(step):
+    """Whether ``step`` goes to the repository's main revision: the best one with
+    publish.steps: best, else the final one."""
+    if config["publish"]["steps"] == "best":
+        return step == best_step()
+    return is_final_step(step)
+
+
 def published_steps(wildcards):
     if not PUBLISHING:
         raise WorkflowError(
@@ -158,6 +230,8 @@ def published_steps(wildcards):
     steps = complete_steps()
     if config["publish"]["steps"] == "final":
         steps = steps[-1:]
+    elif config["publish"]["steps"] == "best":
+        steps = [best_step()]
     return expand(rules.publish.output[0], step=steps)
 
 
@@ -181,6 +255,13 @@ def print_results():
             f"  policies     {RESULTS}/converted/<step>/{PRETRAINED_MODEL_DIR}/ "
             f"({', '.join(converted)}): load with --policy.path=<that folder>"
         )
+    if Path(BEST).is_file():
+        best = json.loads(Path(BEST).read_text())
+        lines.append(
+            f"  evaluation   {EVAL_DIR}/<step>/eval_info.json; best {best['step']} "
+            f"({best['pc_success']:.0f} % success over {best['n_episodes']} episodes), "
+            f"{BEST}"
+        )
     published = sorted(p.stem for p in Path(RESULTS, "published").glob("*.json"))
     if published:
         lines.append(
@@ -190,7 +271,7 @@ def print_results():
     lines += [
         f"  logs         {RESULTS}/logs/ (training: {RESULTS}/logs/train.log)",
         f"  report       `{report_command()}` writes {RESULTS}/report.html (loss, "
-        "throughput, checkpoint table)",
+        "evaluation, throughput, checkpoint table)",
     ]
     logger.info("\n".join(lines))
 

@@ -1,6 +1,7 @@
-# One job per published step (publish.steps: the final one, or all): the converted
-# pretrained_model/ goes to the Hub repository hub_repo_id, the final step to the main
-# revision, earlier ones as intermediate checkpoints. The receipt records the commit.
+# One job per published step (publish.steps: the final one, all, or the best one evaluation
+# chose): the converted pretrained_model/ goes to the Hub repository hub_repo_id, the final
+# (with best: the best) step to the main revision, others as intermediate checkpoints. The
+# receipt records the commit. The checkpoint is pinned against retention meanwhile.
 
 
 rule publish:
@@ -17,7 +18,10 @@ rule publish:
         hub_commits=1,
     params:
         repo_id=config["hub_repo_id"],
-        intermediate=lambda wildcards: str(not is_final_step(wildcards.step)).lower(),
+        intermediate=lambda wildcards: str(
+            not published_main_step(wildcards.step)
+        ).lower(),
+        train_dir=TRAIN_DIR,
         private=str(config["publish"]["private"]).lower(),
         endpoint=(
             f"--endpoint={config['hub_endpoint']}" if config["hub_endpoint"] else ""
@@ -26,6 +30,9 @@ rule publish:
         # lerobot-pipe publish writes the receipt atomically, after the commit. A failure's
         # cause goes to the terminal too (its error lines, else the end of the log).
         """
+        pin="--output_dir={params.train_dir} --step={wildcards.step} --reason=publish"
+        lerobot-pipe pin $pin
+        trap "lerobot-pipe unpin $pin" EXIT
         lerobot-pipe publish --pretrained_dir={input} --repo_id={params.repo_id} \
             --step={wildcards.step} --intermediate={params.intermediate} \
             --private={params.private} {params.endpoint} \

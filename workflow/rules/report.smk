@@ -31,10 +31,35 @@ rule plot_training:
         "../scripts/plot_training.py"
 
 
+rule plot_eval:
+    input:
+        evaluated=evaluated_steps,
+        best=BEST,
+    output:
+        report(
+            f"{RESULTS}/report/eval.svg",
+            caption="../report/eval.rst",
+            category="Evaluation",
+            subcategory=RUN,
+            labels={"run": RUN, "figure": "eval"},
+        ),
+    log:
+        f"{RESULTS}/logs/plot_eval.log",
+    conda:
+        "../../envs/lerobot_pipe.yaml"
+    params:
+        run=RUN,
+        env=config["eval"]["env"],
+    script:
+        "../scripts/plot_eval.py"
+
+
 rule checkpoint_table:
     input:
         converted=converted_steps,
         published=published_steps if PUBLISHING else [],
+        evaluated=evaluated_steps if EVALUATING else [],
+        best=BEST if EVALUATING else [],
     output:
         report(
             f"{RESULTS}/report/checkpoints.html",

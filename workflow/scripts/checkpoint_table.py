@@ -1,4 +1,5 @@
-"""An HTML table of a run's checkpoints: step, topology, loss, converted folder, Hub commit."""
+"""An HTML table of a run's checkpoints: step, topology, loss, evaluation (success, rewards, the
+best one), converted folder, Hub commit."""
 
 import contextlib
 import html
@@ -8,6 +9,7 @@ from pathlib import Path
 from lerobot_pipe.constants import CHECKPOINTS_DIR, TRAINING_STATE_DIR, TRAINING_STEP
 
 COLUMNS = ("step", "processes", "topology", "loss", "converted", "Hub revision", "commit")
+EVAL_COLUMNS = ("success %", "avg max reward", "avg sum reward", "best")
 
 
 def losses(metrics: Path) -> dict[int, float]:
@@ -36,6 +38,18 @@ def row(converted: Path, train_dir: Path, loss: dict[int, float], receipts: dict
     )
 
 
+def eval_cells(step: str, evaluations: dict[str, dict], best: str | None) -> tuple:
+    overall = evaluations.get(step)
+    if overall is None:
+        return ("", "", "", "")
+    return (
+        f"{overall['pc_success']:.1f}",
+        f"{overall['avg_max_reward']:.4f}",
+        f"{overall['avg_sum_reward']:.4f}",
+        "best" if step == best else "",
+    )
+
+
 def cells(tag: str, values) -> str:
     return "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in values)
 
@@ -47,13 +61,26 @@ def main(snakemake) -> None:
         row(Path(p), Path(snakemake.params.train_dir), loss, receipts)
         for p in snakemake.input.converted
     ]
+    columns = COLUMNS
+    if snakemake.input.best:
+        evaluations = {
+            Path(p).parent.name: json.loads(Path(p).read_text())["overall"]
+            for p in snakemake.input.evaluated
+        }
+        best = json.loads(Path(snakemake.input.best).read_text())["step"]
+        steps = [Path(p).parent.name for p in snakemake.input.converted]
+        rows = [
+            (*r[:4], *eval_cells(step, evaluations, best), *r[4:])
+            for step, r in zip(steps, rows, strict=True)
+        ]
+        columns = (*COLUMNS[:4], *EVAL_COLUMNS, *COLUMNS[4:])
     body = "\n".join(f"<tr>{cells('td', r)}</tr>" for r in rows)
     Path(snakemake.output[0]).write_text(
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
         f"<title>{html.escape(snakemake.params.run)}: checkpoints</title>"
         "<style>table{border-collapse:collapse;font-family:sans-serif}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}</style></head>"
-        f"<body><table>\n<tr>{cells('th', COLUMNS)}</tr>\n{body}\n</table></body></html>\n"
+        f"<body><table>\n<tr>{cells('th', columns)}</tr>\n{body}\n</table></body></html>\n"
     )
 
 

@@ -1,0 +1,56 @@
+"""Success rate and rewards of each evaluated checkpoint against its step, the best one marked,
+from the evaluate rule's eval/<step>/eval_info.json and eval/best.json."""
+
+import contextlib
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+PANELS = (
+    ("pc_success", "success (%)"),
+    ("avg_max_reward", "mean max reward"),
+    ("avg_sum_reward", "mean sum reward"),
+)
+
+
+def main(snakemake) -> None:
+    overall = {
+        int(Path(p).parent.name): json.loads(Path(p).read_text())["overall"]
+        for p in snakemake.input.evaluated
+    }
+    steps = sorted(overall)
+    best = json.loads(Path(snakemake.input.best).read_text())
+    best_step = int(best["step"])
+    env = snakemake.params.env or {}
+    fig, axes = plt.subplots(len(PANELS), 1, figsize=(6, 6.5), sharex=True)
+    for ax, (key, label) in zip(axes, PANELS, strict=True):
+        ax.plot(steps, [overall[s][key] for s in steps], marker="o")
+        ax.plot(
+            [best_step],
+            [overall[best_step][key]],
+            marker="*",
+            markersize=14,
+            linestyle="none",
+            color="tab:red",
+            label=f"best: step {best_step}",
+        )
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylim(-5, 105)
+    axes[0].legend(fontsize="small", loc="lower right")
+    axes[0].set_title(
+        f"{snakemake.params.run}: {env.get('type', '')} env, "
+        f"{overall[best_step]['n_episodes']} episodes per checkpoint"
+    )
+    axes[-1].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(snakemake.output[0])
+    plt.close(fig)
+
+
+with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):  # noqa: F821
+    main(snakemake)  # noqa: F821  (injected by Snakemake's script directive)
