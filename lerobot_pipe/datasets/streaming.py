@@ -105,6 +105,29 @@ def fetch_metadata(
     return path
 
 
+def check_same_revision(revision: str, repo_id: str, group=None) -> None:
+    """Collective: fail on every rank, naming the shas, unless every rank of ``group`` (the
+    default process group when None; nothing to check without one) opened ``repo_id`` at the
+    commit ``revision``. Each rank resolves the revision on its own before the process group
+    exists, so a commit pushed in between would otherwise have the ranks read different bytes."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    shas: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shas, revision, group=group)
+    if len(set(shas)) > 1:
+        by_sha: dict[str, list[int]] = {}
+        for rank, sha in enumerate(shas):
+            by_sha.setdefault(sha, []).append(rank)
+        seen = "; ".join(f"ranks {ranks} at {sha}" for sha, ranks in by_sha.items())
+        raise DatasetError(
+            f"streaming dataset {repo_id}: the ranks resolved the revision to different commits "
+            f"({seen}): a commit was pushed while the run started. Rerun, or pin the commit with "
+            f"--dataset.revision={shas[0]}."
+        )
+
+
 class StreamingLeRobotDataset:
     """The dataset ``repo_id`` on the Hub, with the map-style dataset's row positions and samples.
 

@@ -240,3 +240,29 @@ def test_image_transforms_are_the_map_style_ones_for_the_same_sample_keys(
     other = map_style.get_batch(rows, sample_keys=sample_keys(8, rows))  # other draws
     assert not torch.equal(want["observation.images.top"], other["observation.images.top"])
     dataset.close()
+
+
+def _check_on_rank(shas: list[str]) -> str:
+    """One forked rank: a real gloo group, this rank's sha checked against the others'."""
+    import torch.distributed as dist
+
+    from lerobot_pipe.datasets.streaming import check_same_revision
+
+    dist.init_process_group("gloo")
+    try:
+        check_same_revision(shas[dist.get_rank()], REPO)
+        return "agreed"
+    except DatasetError as exc:
+        return str(exc)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_that_resolved_different_commits_fail_naming_both():
+    from launch import run_distributed
+
+    one, other = "a" * 40, "b" * 40
+    assert run_distributed(_check_on_rank, 2, [one, one], timeout=60) == ["agreed"] * 2
+    for message in run_distributed(_check_on_rank, 2, [one, other], timeout=60):
+        assert f"ranks [0] at {one}" in message and f"ranks [1] at {other}" in message
+        assert f"--dataset.revision={one}" in message and "Rerun" in message
