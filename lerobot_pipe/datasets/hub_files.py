@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK_BYTES = 8 << 20
 RETRIABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _PARTIAL_SUFFIX = ".part"
+_BLOCKS_DIR = ".blocks"  # in the cache: blocks of files read by range (BlockFile)
+DEFAULT_BLOCK_BYTES = 64 << 10
 
 
 def resolve_revision(
@@ -125,6 +127,7 @@ class HubFileCache:
         self.bytes_fetched = 0  # body bytes received, retries included
         self.peak_bytes = 0  # the most the cache folder held at once
         self.fetches: dict[str, int] = {}  # path -> times fetched
+        self.block_fetches: dict[str, int] = {}  # path -> blocks of it fetched (read_block)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # LRU order, oldest first
         self._lock = threading.Condition()
         self._loading: set[str] = set()
@@ -192,6 +195,40 @@ class HubFileCache:
         with self._lock:
             self.bytes_fetched += len(body)
         return body
+
+    def read_block(self, path: str, index: int, block_bytes: int) -> bytes:
+        """Block ``index`` (``block_bytes`` each, the last one shorter) of repository file
+        ``path``: kept in the cache (counted against the bound, evictable as soon as it is
+        read) so that readers of the same bytes fetch them once; concurrent callers of one block
+        wait for a single fetch."""
+        name = f"{_BLOCKS_DIR}/{block_bytes}/{path}/{index}"
+        with self._lock:
+            while name in self._loading:
+                self._lock.wait()
+            entry = self._entries.get(name)
+            if entry is not None:
+                entry.pins += 1
+                self._entries.move_to_end(name)
+            else:
+                self._loading.add(name)
+        if entry is not None:
+            try:
+                return self.local_path(name).read_bytes()
+            finally:
+                self.release(name)
+        try:
+            start = index * block_bytes
+            end = min(start + block_bytes, self.size(path)) - 1
+            data = self.read_range(path, start, end)
+            self.store(name, data)
+            self.release(name)
+        finally:
+            with self._lock:
+                self._loading.discard(name)
+                self._lock.notify_all()
+        with self._lock:
+            self.block_fetches[path] = self.block_fetches.get(path, 0) + 1
+        return data
 
     def store(self, name: str, data: bytes) -> Path:
         """Keep ``data`` (made from repository files, e.g. an episode's rows) in the cache as
@@ -381,6 +418,50 @@ class RemoteFile(io.RawIOBase):
         buffer[:n] = data
         self._pos += n
         return n
+
+
+class BlockFile(io.RawIOBase):
+    """A read-only, seekable file over :meth:`HubFileCache.read_block` blocks of ``cache``'s
+    repository file ``path``: what a video decoder reads instead of a local copy, so that it
+    fetches the container's index and the blocks of the frames it decodes, not the whole file.
+    A read fills the buffer whole (up to the end of the file)."""
+
+    def __init__(
+        self, cache: HubFileCache, path: str, block_bytes: int = DEFAULT_BLOCK_BYTES
+    ) -> None:
+        super().__init__()
+        self.cache = cache
+        self.path = path
+        self.block_bytes = block_bytes
+        self.size = cache.size(path)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self.size - self._pos))
+        done = 0
+        while done < n:
+            index, skip = divmod(self._pos, self.block_bytes)
+            block = self.cache.read_block(self.path, index, self.block_bytes)
+            take = min(n - done, len(block) - skip)
+            view[done : done + take] = block[skip : skip + take]
+            done += take
+            self._pos += take
+        return done
 
 
 def parquet_metadata(cache: HubFileCache, path: str):

@@ -34,6 +34,8 @@ from lerobot_pipe.configs.train import ImageTransformsConfig
 from lerobot_pipe.constants import DATASET_INFO, DATASET_VIDEO_PATH
 from lerobot_pipe.datasets.cameras import CameraError, frame_shape
 from lerobot_pipe.datasets.hub_files import (
+    DEFAULT_BLOCK_BYTES,
+    BlockFile,
     HubFileCache,
     RemoteFile,
     parquet_metadata,
@@ -134,6 +136,9 @@ class StreamingLeRobotDataset:
     ``cache_dir`` holds the metadata, the fetched files (at most ``cache_mb`` MiB of them) and
     the per-episode view folders; it is emptied of a previous run's files at start.
     ``revision`` is a branch, tag or commit; :attr:`revision` is the commit sha it resolved to.
+    With ``video_ranges`` (the default) the decoders read each video file through a
+    :class:`BlockFile` (its index and the ``block_bytes`` blocks of the frames decoded, fetched
+    once into the cache); without, each video file is fetched whole when first needed.
     The other arguments are :class:`LeRobotDataset`'s.
     """
 
@@ -154,8 +159,12 @@ class StreamingLeRobotDataset:
         endpoint: str | None = None,
         token: str | None = None,
         open_groups: int = DEFAULT_OPEN_GROUPS,
+        video_ranges: bool = True,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
     ) -> None:
         self.repo_id = repo_id
+        self.video_ranges = video_ranges
+        self.block_bytes = block_bytes
         self.cache_dir = Path(cache_dir)
         self.revision = resolve_revision(
             repo_id, revision, repo_type=repo_type, endpoint=endpoint, token=token
@@ -442,7 +451,7 @@ class StreamingLeRobotDataset:
             acquired.append(name)
             (view / paths[0]).parent.mkdir(parents=True, exist_ok=True)
             os.symlink(rows, view / paths[0])
-            for path in paths[1:]:
+            for path in paths[1:] if not self.video_ranges else []:
                 local = self.files.acquire(path)
                 acquired.append(path)
                 (view / path).parent.mkdir(parents=True, exist_ok=True)
@@ -455,6 +464,7 @@ class StreamingLeRobotDataset:
                 tolerance_s=self.tolerance_s,
                 image_transforms=self.image_transforms_config,
                 use_imagenet_stats=self.use_imagenet_stats,
+                video_sources=self._block_file if self.video_ranges else None,
             )
         except BaseException:
             for path in acquired:
@@ -462,6 +472,11 @@ class StreamingLeRobotDataset:
             shutil.rmtree(view, ignore_errors=True)
             raise
         return dataset, acquired
+
+    def _block_file(self, local: Path) -> BlockFile:
+        """The file object a decoder reads view file ``local`` (a video file) from."""
+        path = local.relative_to(self.cache_dir / _VIEWS_DIR).as_posix().split("/", 1)[1]
+        return BlockFile(self.files, path, self.block_bytes)
 
     def _episode_rows(self, group: int, path: str, episodes: list[int]) -> tuple[Path, str]:
         """The rows of ``episodes`` of data file ``path``, read over HTTP ranges (the footer and
