@@ -15,9 +15,12 @@ start), in ranges of ``chunk_bytes`` over HTTP (huggingface_hub's URL, headers a
   :class:`~lerobot_pipe.datasets.lerobot_dataset.DatasetError` naming the file.
 
 Why not ``hf_hub_download``: its cache keeps every blob (no bound, no eviction), and its retries
-do not cover 429 / 5xx in the middle of a file. Why whole files (fetched range by range) rather
-than byte ranges of a file: the map-style reader and both video decoders read local files; a
-file is fetched once while its episodes are in use (see docs/streaming.md for what that costs).
+do not cover 429 / 5xx in the middle of a file. Video files need not be fetched whole: a
+:class:`BlockFile` is a seekable file object over fixed-size blocks of a file, each fetched once
+(:meth:`HubFileCache.read_block`, with the same retries) and kept in the cache under the same
+bound, so that a decoder reads the container's index and the blocks of the frames it decodes
+(docs/streaming.md). Blocks are checked for their length, not against an ETag (only whole files
+can be).
 """
 
 from __future__ import annotations

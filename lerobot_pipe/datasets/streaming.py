@@ -8,7 +8,8 @@ map-style path builds it: :meth:`StreamingLeRobotDataset.get_batch` groups the r
 file group (the episodes that live in the same data and video files), opens each group as a
 map-style :class:`LeRobotDataset` of those episodes over a view folder whose files are links
 into a :class:`HubFileCache` (fetched when first needed, pinned while the group is open,
-evicted after), and asks it for the rows. Windows and padding
+evicted after; video files are not fetched whole but decoded from a :class:`BlockFile`, the
+cached byte-range blocks the decoder reads), and asks it for the rows. Windows and padding
 masks at episode edges, camera decoding and its checks, ``task`` strings and image transforms are
 therefore the map-style code's, and row positions are the map-style dataset's: position ``i``
 here is the sample ``LeRobotDataset(...)[i]`` over the same episodes. Which rows are read when is
