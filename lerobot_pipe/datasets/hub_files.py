@@ -46,7 +46,7 @@ DEFAULT_CHUNK_BYTES = 8 << 20
 RETRIABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _PARTIAL_SUFFIX = ".part"
 _BLOCKS_DIR = ".blocks"  # in the cache: blocks of files read by range (BlockFile)
-DEFAULT_BLOCK_BYTES = 64 << 10
+DEFAULT_BLOCK_BYTES = 16 << 10
 
 
 def resolve_revision(
@@ -199,39 +199,50 @@ class HubFileCache:
             self.bytes_fetched += len(body)
         return body
 
-    def read_block(self, path: str, index: int, block_bytes: int) -> bytes:
+    def read_block(self, path: str, index: int, block_bytes: int, last: int | None = None) -> bytes:
         """Block ``index`` (``block_bytes`` each, the last one shorter) of repository file
         ``path``: kept in the cache (counted against the bound, evictable as soon as it is
         read) so that readers of the same bytes fetch them once; concurrent callers of one block
-        wait for a single fetch."""
-        name = f"{_BLOCKS_DIR}/{block_bytes}/{path}/{index}"
+        wait for a single fetch. A missing block is fetched in one range request with the
+        missing blocks after it, up to block ``last`` (the rest of the caller's read)."""
+
+        def name(i: int) -> str:
+            return f"{_BLOCKS_DIR}/{block_bytes}/{path}/{i}"
+
         with self._lock:
-            while name in self._loading:
+            while name(index) in self._loading:
                 self._lock.wait()
-            entry = self._entries.get(name)
+            entry = self._entries.get(name(index))
             if entry is not None:
                 entry.pins += 1
-                self._entries.move_to_end(name)
+                self._entries.move_to_end(name(index))
             else:
-                self._loading.add(name)
+                run = [index]
+                for i in range(index + 1, (last if last is not None else index) + 1):
+                    if name(i) in self._entries or name(i) in self._loading:
+                        break
+                    run.append(i)
+                self._loading.update(name(i) for i in run)
         if entry is not None:
             try:
-                return self.local_path(name).read_bytes()
+                return self.local_path(name(index)).read_bytes()
             finally:
-                self.release(name)
+                self.release(name(index))
         try:
             start = index * block_bytes
-            end = min(start + block_bytes, self.size(path)) - 1
-            data = self.read_range(path, start, end)
-            self.store(name, data)
-            self.release(name)
+            end = min((run[-1] + 1) * block_bytes, self.size(path)) - 1
+            body = self.read_range(path, start, end)
+            for i in run:
+                block = body[(i - index) * block_bytes : (i - index + 1) * block_bytes]
+                self.store(name(i), block)
+                self.release(name(i))
         finally:
             with self._lock:
-                self._loading.discard(name)
+                self._loading.difference_update(name(i) for i in run)
                 self._lock.notify_all()
         with self._lock:
-            self.block_fetches[path] = self.block_fetches.get(path, 0) + 1
-        return data
+            self.block_fetches[path] = self.block_fetches.get(path, 0) + len(run)
+        return body[:block_bytes]
 
     def store(self, name: str, data: bytes) -> Path:
         """Keep ``data`` (made from repository files, e.g. an episode's rows) in the cache as
@@ -427,7 +438,8 @@ class BlockFile(io.RawIOBase):
     """A read-only, seekable file over :meth:`HubFileCache.read_block` blocks of ``cache``'s
     repository file ``path``: what a video decoder reads instead of a local copy, so that it
     fetches the container's index and the blocks of the frames it decodes, not the whole file.
-    A read fills the buffer whole (up to the end of the file)."""
+    A read fills the buffer whole (up to the end of the file), its missing blocks fetched in one
+    request."""
 
     def __init__(
         self, cache: HubFileCache, path: str, block_bytes: int = DEFAULT_BLOCK_BYTES
@@ -459,7 +471,8 @@ class BlockFile(io.RawIOBase):
         done = 0
         while done < n:
             index, skip = divmod(self._pos, self.block_bytes)
-            block = self.cache.read_block(self.path, index, self.block_bytes)
+            last = (self._pos + n - done - 1) // self.block_bytes
+            block = self.cache.read_block(self.path, index, self.block_bytes, last)
             take = min(n - done, len(block) - skip)
             view[done : done + take] = block[skip : skip + take]
             done += take
