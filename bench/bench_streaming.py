@@ -1,7 +1,8 @@
 """Streaming from the local test Hub over HTTP against the map-style loader on local files.
 
     .venv/bin/python bench/bench_streaming.py [--episodes 40] [--length 100] [--size 64]
-        [--batch 8] [--workers 2] [--reps 2]
+        [--batch 8] [--workers 2] [--reps 2] [--whole-files] [--noise 0]
+        [--layouts packed,per-episode]
 
 Dataset: the synthetic reaching task with two cameras (``top``, ``wrist``, AV1 as LeRobot
 encodes), written twice: ``packed`` (LeRobot's writer defaults: one data file, one mp4 per
@@ -17,7 +18,8 @@ Per configuration, one epoch (every drawable sample once), float32 camera batche
   another in this process (the machine has 2 cores), each reading its share of epoch 0; their
   samples/s is the epoch's samples over the slower rank's time (what two ranks on two machines
   would take).
-Also: bytes fetched per epoch (every rank, retries included) / bytes of the data and video files,
+Video files are read by cached byte-range blocks (``video_ranges``, the default), or fetched
+whole with ``--whole-files``. Also: bytes fetched per epoch (every rank, retries included) / bytes of the data and video files,
 from a run without loader workers (their look-ahead reads past the end of the epoch).
 Medians of ``--reps``.
 """
@@ -50,7 +52,9 @@ CAMERAS = ("top", "wrist")
 DELTAS = {"action": [i / 10 for i in range(10)]}
 
 
-def write(root: Path, episodes: int, length: int, size: int, per_episode: bool) -> Path:
+def write(
+    root: Path, episodes: int, length: int, size: int, per_episode: bool, noise: float = 0.0
+) -> Path:
     features = {
         "observation.state": XY,
         "action": XY,
@@ -65,10 +69,22 @@ def write(root: Path, episodes: int, length: int, size: int, per_episode: bool) 
         writer.add_episode(
             {"observation.state": state, "action": np.roll(state, -1, axis=0)},
             "reach",
-            {f"observation.images.{v}": render(v, state, goal, size) for v in CAMERAS},
+            {
+                f"observation.images.{v}": _noisy(render(v, state, goal, size), noise, rng)
+                for v in CAMERAS
+            },
         )
     writer.finish()
     return root
+
+
+def _noisy(frames: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
+    """``frames`` with Gaussian pixel noise of std ``noise``: camera-like bytes per frame (the
+    clean renders compress to ~100 bytes, far below a decoder's 32-64 KiB read buffer)."""
+    if not noise:
+        return frames
+    noisy = frames.astype(np.float32) + rng.normal(0, noise, frames.shape).astype(np.float32)
+    return np.clip(noisy, 0, 255).astype(np.uint8)
 
 
 def epoch_map(root: Path, batch: int, workers: int) -> float:
@@ -82,13 +98,21 @@ def epoch_map(root: Path, batch: int, workers: int) -> float:
     return steps * batch / (time.perf_counter() - start)
 
 
+WHOLE_FILES = False  # --whole-files: each video file fetched whole (video_ranges=False)
+
+
 def epoch_stream(hub, repo, cache: Path, world: int, batch: int, workers: int):
     """(samples/s of the epoch, bytes fetched by every rank)."""
     times, fetched, samples = [], 0, 0
     for rank in range(world):
         start = time.perf_counter()
         dataset = StreamingLeRobotDataset(
-            repo, cache / f"r{rank}", endpoint=hub.url, token=hub.token, delta_timestamps=DELTAS
+            repo,
+            cache / f"r{rank}",
+            endpoint=hub.url,
+            token=hub.token,
+            delta_timestamps=DELTAS,
+            video_ranges=not WHOLE_FILES,
         )
         sampler = StreamSampler(dataset.episode_bounds, batch, rank, world, seed=0)
         # This rank's share of epoch 0 (shares differ by up to an episode): whole batches of it.
@@ -112,14 +136,24 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--whole-files", action="store_true", help="fetch video files whole")
+    parser.add_argument("--noise", type=float, default=0.0, help="pixel noise std (0-255)")
+    parser.add_argument("--layouts", default="packed,per-episode")
     args = parser.parse_args()
+    global WHOLE_FILES
+    WHOLE_FILES = args.whole_files
     tmp = Path(tempfile.mkdtemp(prefix="bench-stream-"))
     rows = []
     with HubServer(root=tmp / "hub") as hub, hub_client_settings(hub):
         api = HfApi(endpoint=hub.url, token=hub.token)
-        for layout in ("packed", "per-episode"):
+        for layout in args.layouts.split(","):
             root = write(
-                tmp / layout, args.episodes, args.length, args.size, layout == "per-episode"
+                tmp / layout,
+                args.episodes,
+                args.length,
+                args.size,
+                layout == "per-episode",
+                args.noise,
             )
             repo = f"bench/{layout}"
             api.create_repo(repo, repo_type="dataset")

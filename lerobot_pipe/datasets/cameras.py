@@ -107,14 +107,15 @@ class VideoFrames:
     def _check_file(self, file_id: int, path: Path, to_s: np.ndarray) -> None:
         episodes = self._episodes_in(file_id)
         where = f"video file of camera {self.key!r} for episodes {_short(episodes)}"
-        if not path.is_file():
+        source = self._readers.source(path)
+        if source is None and not path.is_file():
             raise CameraError(
                 f"{path}: {where} is missing. Download the dataset's videos too (pass "
                 "--dataset.repo_id to fetch the files the selected episodes need) or point "
                 "--dataset.root at a complete copy."
             )
         try:
-            header = probe_video(path)
+            header = probe_video(path, source)
         except VideoError as exc:
             raise CameraError(
                 f"{exc}; it is the {where}. The file is corrupt: download it again."

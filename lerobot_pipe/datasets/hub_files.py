@@ -15,9 +15,12 @@ start), in ranges of ``chunk_bytes`` over HTTP (huggingface_hub's URL, headers a
   :class:`~lerobot_pipe.datasets.lerobot_dataset.DatasetError` naming the file.
 
 Why not ``hf_hub_download``: its cache keeps every blob (no bound, no eviction), and its retries
-do not cover 429 / 5xx in the middle of a file. Why whole files (fetched range by range) rather
-than byte ranges of a file: the map-style reader and both video decoders read local files; a
-file is fetched once while its episodes are in use (see docs/streaming.md for what that costs).
+do not cover 429 / 5xx in the middle of a file. Video files need not be fetched whole: a
+:class:`BlockFile` is a seekable file object over fixed-size blocks of a file, each fetched once
+(:meth:`HubFileCache.read_block`, with the same retries) and kept in the cache under the same
+bound, so that a decoder reads the container's index and the blocks of the frames it decodes
+(docs/streaming.md). Blocks are checked for their length, not against an ETag (only whole files
+can be).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK_BYTES = 8 << 20
 RETRIABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _PARTIAL_SUFFIX = ".part"
+_BLOCKS_DIR = ".blocks"  # in the cache: blocks of files read by range (BlockFile)
+DEFAULT_BLOCK_BYTES = 16 << 10
 
 
 def resolve_revision(
@@ -125,6 +130,7 @@ class HubFileCache:
         self.bytes_fetched = 0  # body bytes received, retries included
         self.peak_bytes = 0  # the most the cache folder held at once
         self.fetches: dict[str, int] = {}  # path -> times fetched
+        self.block_fetches: dict[str, int] = {}  # path -> blocks of it fetched (read_block)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # LRU order, oldest first
         self._lock = threading.Condition()
         self._loading: set[str] = set()
@@ -192,6 +198,51 @@ class HubFileCache:
         with self._lock:
             self.bytes_fetched += len(body)
         return body
+
+    def read_block(self, path: str, index: int, block_bytes: int, last: int | None = None) -> bytes:
+        """Block ``index`` (``block_bytes`` each, the last one shorter) of repository file
+        ``path``: kept in the cache (counted against the bound, evictable as soon as it is
+        read) so that readers of the same bytes fetch them once; concurrent callers of one block
+        wait for a single fetch. A missing block is fetched in one range request with the
+        missing blocks after it, up to block ``last`` (the rest of the caller's read)."""
+
+        def name(i: int) -> str:
+            return f"{_BLOCKS_DIR}/{block_bytes}/{path}/{i}"
+
+        with self._lock:
+            while name(index) in self._loading:
+                self._lock.wait()
+            entry = self._entries.get(name(index))
+            if entry is not None:
+                entry.pins += 1
+                self._entries.move_to_end(name(index))
+            else:
+                run = [index]
+                for i in range(index + 1, (last if last is not None else index) + 1):
+                    if name(i) in self._entries or name(i) in self._loading:
+                        break
+                    run.append(i)
+                self._loading.update(name(i) for i in run)
+        if entry is not None:
+            try:
+                return self.local_path(name(index)).read_bytes()
+            finally:
+                self.release(name(index))
+        try:
+            start = index * block_bytes
+            end = min((run[-1] + 1) * block_bytes, self.size(path)) - 1
+            body = self.read_range(path, start, end)
+            for i in run:
+                block = body[(i - index) * block_bytes : (i - index + 1) * block_bytes]
+                self.store(name(i), block)
+                self.release(name(i))
+        finally:
+            with self._lock:
+                self._loading.difference_update(name(i) for i in run)
+                self._lock.notify_all()
+        with self._lock:
+            self.block_fetches[path] = self.block_fetches.get(path, 0) + len(run)
+        return body[:block_bytes]
 
     def store(self, name: str, data: bytes) -> Path:
         """Keep ``data`` (made from repository files, e.g. an episode's rows) in the cache as
@@ -381,6 +432,52 @@ class RemoteFile(io.RawIOBase):
         buffer[:n] = data
         self._pos += n
         return n
+
+
+class BlockFile(io.RawIOBase):
+    """A read-only, seekable file over :meth:`HubFileCache.read_block` blocks of ``cache``'s
+    repository file ``path``: what a video decoder reads instead of a local copy, so that it
+    fetches the container's index and the blocks of the frames it decodes, not the whole file.
+    A read fills the buffer whole (up to the end of the file), its missing blocks fetched in one
+    request."""
+
+    def __init__(
+        self, cache: HubFileCache, path: str, block_bytes: int = DEFAULT_BLOCK_BYTES
+    ) -> None:
+        super().__init__()
+        self.cache = cache
+        self.path = path
+        self.block_bytes = block_bytes
+        self.size = cache.size(path)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self.size - self._pos))
+        done = 0
+        while done < n:
+            index, skip = divmod(self._pos, self.block_bytes)
+            last = (self._pos + n - done - 1) // self.block_bytes
+            block = self.cache.read_block(self.path, index, self.block_bytes, last)
+            take = min(n - done, len(block) - skip)
+            view[done : done + take] = block[skip : skip + take]
+            done += take
+            self._pos += take
+        return done
 
 
 def parquet_metadata(cache: HubFileCache, path: str):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import glob
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -380,6 +380,8 @@ class LeRobotDataset:
     LeRobot's do. ``video_backend`` (``torchcodec`` or ``pyav``; the other one when it does not
     load here), ``tolerance_s``, ``image_transforms`` and ``use_imagenet_stats`` are LeRobot's
     options of the same names. Every video file the episodes need is checked when the dataset opens.
+    ``video_sources`` maps a video file's path to a new file object to decode it from instead
+    (see :class:`~lerobot_pipe.datasets.video.ReaderCache`; the streaming dataset's byte ranges).
     """
 
     def __init__(
@@ -392,6 +394,7 @@ class LeRobotDataset:
         tolerance_s: float = DEFAULT_TOLERANCE_S,
         image_transforms: ImageTransformsConfig | None = None,
         use_imagenet_stats: bool = True,
+        video_sources: Callable[[Path], Any] | None = None,
     ) -> None:
         self.root = Path(root)
         self.info = _read_info(self.root)
@@ -443,7 +446,7 @@ class LeRobotDataset:
                 self.video_backend = resolve_video_backend(video_backend)
             except VideoError as exc:
                 raise DatasetError(str(exc)) from None
-            self._readers = ReaderCache(self.video_backend)
+            self._readers = ReaderCache(self.video_backend, sources=video_sources)
             self._open_videos()
 
     def _load(self, paths: list[Path]) -> None:

@@ -8,7 +8,8 @@ map-style path builds it: :meth:`StreamingLeRobotDataset.get_batch` groups the r
 file group (the episodes that live in the same data and video files), opens each group as a
 map-style :class:`LeRobotDataset` of those episodes over a view folder whose files are links
 into a :class:`HubFileCache` (fetched when first needed, pinned while the group is open,
-evicted after), and asks it for the rows. Windows and padding
+evicted after; video files are not fetched whole but decoded from a :class:`BlockFile`, the
+cached byte-range blocks the decoder reads), and asks it for the rows. Windows and padding
 masks at episode edges, camera decoding and its checks, ``task`` strings and image transforms are
 therefore the map-style code's, and row positions are the map-style dataset's: position ``i``
 here is the sample ``LeRobotDataset(...)[i]`` over the same episodes. Which rows are read when is
@@ -34,6 +35,8 @@ from lerobot_pipe.configs.train import ImageTransformsConfig
 from lerobot_pipe.constants import DATASET_INFO, DATASET_VIDEO_PATH
 from lerobot_pipe.datasets.cameras import CameraError, frame_shape
 from lerobot_pipe.datasets.hub_files import (
+    DEFAULT_BLOCK_BYTES,
+    BlockFile,
     HubFileCache,
     RemoteFile,
     parquet_metadata,
@@ -105,12 +108,38 @@ def fetch_metadata(
     return path
 
 
+def check_same_revision(revision: str, repo_id: str, group=None) -> None:
+    """Collective: fail on every rank, naming the shas, unless every rank of ``group`` (the
+    default process group when None; nothing to check without one) opened ``repo_id`` at the
+    commit ``revision``. Each rank resolves the revision on its own before the process group
+    exists, so a commit pushed in between would otherwise have the ranks read different bytes."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    shas: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shas, revision, group=group)
+    if len(set(shas)) > 1:
+        by_sha: dict[str, list[int]] = {}
+        for rank, sha in enumerate(shas):
+            by_sha.setdefault(sha, []).append(rank)
+        seen = "; ".join(f"ranks {ranks} at {sha}" for sha, ranks in by_sha.items())
+        raise DatasetError(
+            f"streaming dataset {repo_id}: the ranks resolved the revision to different commits "
+            f"({seen}): a commit was pushed while the run started. Rerun, or pin the commit with "
+            f"--dataset.revision={shas[0]}."
+        )
+
+
 class StreamingLeRobotDataset:
     """The dataset ``repo_id`` on the Hub, with the map-style dataset's row positions and samples.
 
     ``cache_dir`` holds the metadata, the fetched files (at most ``cache_mb`` MiB of them) and
     the per-episode view folders; it is emptied of a previous run's files at start.
     ``revision`` is a branch, tag or commit; :attr:`revision` is the commit sha it resolved to.
+    With ``video_ranges`` (the default) the decoders read each video file through a
+    :class:`BlockFile` (its index and the ``block_bytes`` blocks of the frames decoded, fetched
+    once into the cache); without, each video file is fetched whole when first needed.
     The other arguments are :class:`LeRobotDataset`'s.
     """
 
@@ -131,8 +160,12 @@ class StreamingLeRobotDataset:
         endpoint: str | None = None,
         token: str | None = None,
         open_groups: int = DEFAULT_OPEN_GROUPS,
+        video_ranges: bool = True,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
     ) -> None:
         self.repo_id = repo_id
+        self.video_ranges = video_ranges
+        self.block_bytes = block_bytes
         self.cache_dir = Path(cache_dir)
         self.revision = resolve_revision(
             repo_id, revision, repo_type=repo_type, endpoint=endpoint, token=token
@@ -419,7 +452,7 @@ class StreamingLeRobotDataset:
             acquired.append(name)
             (view / paths[0]).parent.mkdir(parents=True, exist_ok=True)
             os.symlink(rows, view / paths[0])
-            for path in paths[1:]:
+            for path in paths[1:] if not self.video_ranges else []:
                 local = self.files.acquire(path)
                 acquired.append(path)
                 (view / path).parent.mkdir(parents=True, exist_ok=True)
@@ -432,6 +465,7 @@ class StreamingLeRobotDataset:
                 tolerance_s=self.tolerance_s,
                 image_transforms=self.image_transforms_config,
                 use_imagenet_stats=self.use_imagenet_stats,
+                video_sources=self._block_file if self.video_ranges else None,
             )
         except BaseException:
             for path in acquired:
@@ -439,6 +473,11 @@ class StreamingLeRobotDataset:
             shutil.rmtree(view, ignore_errors=True)
             raise
         return dataset, acquired
+
+    def _block_file(self, local: Path) -> BlockFile:
+        """The file object a decoder reads view file ``local`` (a video file) from."""
+        path = local.relative_to(self.cache_dir / _VIEWS_DIR).as_posix().split("/", 1)[1]
+        return BlockFile(self.files, path, self.block_bytes)
 
     def _episode_rows(self, group: int, path: str, episodes: list[int]) -> tuple[Path, str]:
         """The rows of ``episodes`` of data file ``path``, read over HTTP ranges (the footer and

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -177,14 +177,15 @@ class VideoHeader:
     codec: str
 
 
-def probe_video(path: Path) -> VideoHeader:
-    """Read ``path``'s header (no decoding); VideoError naming the file if that fails."""
+def probe_video(path: Path, source: Any = None) -> VideoHeader:
+    """Read ``path``'s header (no decoding); VideoError naming the file if that fails. ``source``
+    (a readable, seekable file object) is read instead of the local file when given."""
     import av
 
-    if not path.is_file():
+    if source is None and not path.is_file():
         raise VideoError(f"{path}: video file not found")
     try:
-        with av.open(str(path)) as container:
+        with av.open(source if source is not None else str(path)) as container:
             if not container.streams.video:
                 raise VideoError(f"{path}: the file holds no video stream")
             stream = container.streams.video[0]
@@ -220,10 +221,11 @@ class Reader(Protocol):
 class TorchCodecReader:
     """torchcodec's VideoDecoder, as LeRobot opens it (approximate seek mode, one thread)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | Any) -> None:
         from torchcodec.decoders import VideoDecoder
 
-        self._decoder = VideoDecoder(str(path), seek_mode="approximate", num_ffmpeg_threads=1)
+        source = str(path) if isinstance(path, Path) else path  # a path or a file object
+        self._decoder = VideoDecoder(source, seek_mode="approximate", num_ffmpeg_threads=1)
         metadata = self._decoder.metadata
         self.num_frames = int(metadata.num_frames or 0)
 
@@ -242,10 +244,10 @@ class PyAVReader:
     """PyAV with the decoder kept open: it decodes forward through nearby frames instead of
     seeking back to a key frame for each one."""
 
-    def __init__(self, path: Path, fps: float, gop: int) -> None:
+    def __init__(self, path: Path | Any, fps: float, gop: int) -> None:
         import av
 
-        self._container = av.open(str(path))
+        self._container = av.open(str(path) if isinstance(path, Path) else path)
         self._stream = self._container.streams.video[0]
         self._stream.codec_context.thread_count = 1
         self._time_base = float(self._stream.time_base)
@@ -356,12 +358,23 @@ def resolve_video_backend(requested: str | None) -> str:
 class ReaderCache:
     """Open readers, one set per thread (a reader is not thread-safe), at most ``max_open`` per
     thread, least recently used closed first. Readers opened before a fork are not reused in
-    the child."""
+    the child. ``sources`` maps a video path to a new readable, seekable file object to decode
+    instead of the local file (a remote file read by byte ranges), or to None (the local file)."""
 
-    def __init__(self, backend: str, max_open: int = 64) -> None:
+    def __init__(
+        self,
+        backend: str,
+        max_open: int = 64,
+        sources: Callable[[Path], Any] | None = None,
+    ) -> None:
         self.backend = backend
         self.max_open = max_open
+        self.sources = sources
         self._local = threading.local()
+
+    def source(self, path: Path) -> Any:
+        """A new file object to read ``path`` from, or None to read the local file."""
+        return self.sources(path) if self.sources is not None else None
 
     def _readers(self) -> OrderedDict[Path, Reader]:
         pid = os.getpid()
@@ -376,10 +389,12 @@ class ReaderCache:
         if reader is not None:
             readers.move_to_end(path)
             return reader
+        source = self.source(path)
+        source = path if source is None else source
         if self.backend == "torchcodec":
-            reader = TorchCodecReader(path)
+            reader = TorchCodecReader(source)
         else:
-            reader = PyAVReader(path, fps, gop)
+            reader = PyAVReader(source, fps, gop)
         readers[path] = reader
         while len(readers) > self.max_open:
             readers.popitem(last=False)[1].close()

@@ -30,6 +30,7 @@ from lerobot_pipe.configs.types import OBS_LANGUAGE_PREFIX
 from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
 from lerobot_pipe.datasets.prefetch import to_device
 from lerobot_pipe.datasets.stream_sampler import StreamSampler, StreamState
+from lerobot_pipe.datasets.streaming import check_same_revision
 from lerobot_pipe.distributed.activation_checkpointing import (
     apply_activation_checkpointing,
     checkpointed_units,
@@ -356,6 +357,8 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     plan), then build policy, processors, wrapping, optimizer, scheduler and scaler and restore
     the checkpoint onto this topology (resharding as needed). Collective."""
     cfg, dims = plan.cfg, plan.dims
+    if cfg.dataset.streaming:  # before any batch: every rank reads the same commit
+        check_same_revision(plan.dataset.revision, cfg.dataset.repo_id)
     checkpoints = CheckpointManager(
         plan.output_dir,
         total_steps=cfg.steps,
