@@ -71,6 +71,39 @@ def run_train(argv: list[str]):
     return str(out) if out else None
 
 
+def train_one_rank(argv: list[str], inspect=None):
+    """One rank of a training run (or the only process): its plan, process group and session;
+    ``inspect(session, env)`` before the first step (after a resume's restore), its result
+    returned, then the whole run. The process group is destroyed, also on failure."""
+    import os
+
+    from lerobot_pipe.distributed.runtime import destroy, init_distributed
+    from lerobot_pipe.training.preflight import make_plan
+    from lerobot_pipe.training.train import prepare_session, run_loop
+
+    plan = make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
+    env = init_distributed()
+    try:
+        session = prepare_session(plan, env)
+        seen = inspect(session, env) if inspect is not None else None
+        run_loop(env, session)
+    finally:
+        destroy()
+    return seen
+
+
+def run_on_topology(topologies: dict, name: str, argv: list[str], rank_fn) -> list:
+    """``rank_fn(argv)`` on every rank of ``topologies[name]`` = (world size, per-rank batch,
+    flags), in this process for one rank; the per-rank results."""
+    from launch import run_distributed
+
+    world, batch, flags = topologies[name]
+    argv = [*argv, *flags, f"--batch_size={batch}"]
+    if world == 1:
+        return [rank_fn(argv)]
+    return run_distributed(rank_fn, world, argv)
+
+
 def full_state(session) -> dict:
     """Collective: the session's full model state and optimizer state (in LeRobot's layout,
     parameters numbered, as optimizer_state.safetensors holds it), as copies on the main rank

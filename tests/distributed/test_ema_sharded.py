@@ -5,19 +5,14 @@ the DCP shards, from model.safetensors)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from launch import run_distributed
 from safetensors.torch import load_file
-from tiny import DETERMINISTIC, tiny_act_flags
+from tiny import DETERMINISTIC, run_on_topology, tiny_act_flags, train_one_rank
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
-from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.training.preflight import make_plan
-from lerobot_pipe.training.train import prepare_session, run_loop
 
 pytestmark = pytest.mark.torch_range
 
@@ -64,30 +59,22 @@ WRITES = {
 }
 
 
+def _measure(session, env) -> dict:
+    ema = session.state.ema
+    return {
+        "local": ema.local_bytes(),
+        "full": sum(t.numel() * t.element_size() for t in ema.shadow.values()),
+        "sharded": all(hasattr(t, "to_local") for t in ema.shadow.values()),
+    }
+
+
 def train_and_measure(argv: list[str]) -> dict:
     """One rank: train; the bytes of shadow this rank holds, and of the whole shadow."""
-    plan = make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
-    env = init_distributed()
-    try:
-        session = prepare_session(plan, env)
-        ema = session.state.ema
-        measured = {
-            "local": ema.local_bytes(),
-            "full": sum(t.numel() * t.element_size() for t in ema.shadow.values()),
-            "sharded": all(hasattr(t, "to_local") for t in ema.shadow.values()),
-        }
-        run_loop(env, session)
-    finally:
-        destroy()
-    return measured
+    return train_one_rank(argv, _measure)
 
 
 def _run(topology: str, argv: list[str]) -> list[dict]:
-    world, batch, flags = TOPOLOGIES[topology]
-    argv = [*argv, *flags, f"--batch_size={batch}"]
-    if world == 1:
-        return [train_and_measure(argv)]
-    return run_distributed(train_and_measure, world, argv)
+    return run_on_topology(TOPOLOGIES, topology, argv, train_and_measure)
 
 
 @pytest.fixture(scope="module")

@@ -3,18 +3,22 @@ the resharding matrix (save on any topology, resume on any other)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from launch import run_distributed
 from safetensors.torch import load_file
-from tiny import DETERMINISTIC, WITH_SCHEDULER, full_state, losses, run_train, tiny_act_flags
+from tiny import (
+    DETERMINISTIC,
+    WITH_SCHEDULER,
+    full_state,
+    losses,
+    run_on_topology,
+    run_train,
+    tiny_act_flags,
+    train_one_rank,
+)
 
 from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
-from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.training.preflight import make_plan
-from lerobot_pipe.training.train import prepare_session, run_loop
 
 pytestmark = pytest.mark.torch_range
 
@@ -52,19 +56,11 @@ TOPOLOGIES = {
 K, TOTAL = 3, 6
 
 
-def train_and_inspect(argv: list[str]) -> dict | None:
-    """One rank: build (and restore) the session, record the loaded state and how much of the
-    parameters this rank holds, then train."""
-    plan = make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
-    env = init_distributed()
-    try:
-        session = prepare_session(plan, env)
-        params = list(session.model.parameters())
-        local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
-        initial = full_state(session)
-        run_loop(env, session)
-    finally:
-        destroy()
+def _inspect(session, env) -> dict:
+    """How much of the parameters this rank holds, and (main rank) the loaded state."""
+    params = list(session.model.parameters())
+    local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
+    initial = full_state(session)
     out = {"local_fraction": local / sum(p.numel() for p in params)}
     if env.is_main:
         out["model"] = initial["model"]
@@ -72,12 +68,14 @@ def train_and_inspect(argv: list[str]) -> dict | None:
     return out
 
 
+def train_and_inspect(argv: list[str]) -> dict:
+    """One rank: build (and restore) the session, record the loaded state and how much of the
+    parameters this rank holds, then train."""
+    return train_one_rank(argv, _inspect)
+
+
 def _run(topology: str, argv: list[str]) -> list[dict]:
-    world, batch, flags = TOPOLOGIES[topology]
-    argv = [*argv, *flags, f"--batch_size={batch}"]
-    if world == 1:
-        return [train_and_inspect(argv)]
-    return run_distributed(train_and_inspect, world, argv)
+    return run_on_topology(TOPOLOGIES, topology, argv, train_and_inspect)
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import run_distributed
-from tiny import full_state, losses
+from tiny import full_state, losses, run_on_topology, train_one_rank
 
 from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
 
@@ -89,52 +88,42 @@ def _inference_batch(config) -> tuple[dict, torch.Tensor]:
     return batch, noise
 
 
-def train_and_inspect(argv: list[str]) -> dict:
-    """One rank: build (and restore) the session; record the loaded state, the bytes of each
-    layer unit this rank holds, and the policy's actions from fixed noise; then train. (Taking
-    the full optimizer state initializes it, one zero-lr step, in every topology alike.)"""
-    from lerobot_pipe.distributed.runtime import destroy, init_distributed
-    from lerobot_pipe.training.preflight import make_plan
-    from lerobot_pipe.training.train import prepare_session, run_loop
-
-    plan = make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
-    env = init_distributed()
-    try:
-        session = prepare_session(plan, env)
-        units = {}
-        for name, module in session.trainee.named_modules():
-            if type(module).__name__.removeprefix("FSDP") in LAYER_CLASSES:
-                params = list(module.parameters())
-                local = sum((p.to_local() if hasattr(p, "to_local") else p).nbytes for p in params)
-                units[name] = (local, sum(p.numel() * p.element_size() for p in params))
-        dtypes = {n: p.dtype for n, p in session.trainee.named_parameters()}
-        initial = full_state(session)
-        # Acting before training, as an evaluation between steps does: training after it must
-        # be as without it (units that stay gathered after a forward are resharded).
-        policy = session.policy
-        batch, noise = _inference_batch(policy.config)
-        chunk = policy.predict_action_chunk(batch, noise=noise)
-        policy.reset()
-        first = policy.select_action(batch, noise=noise)
-        policy.reset()
-        session.trainee.train()
-        run_loop(env, session)
-    finally:
-        destroy()
+def _inspect(session, env) -> dict:
+    """The bytes of each layer unit this rank holds, the parameters' dtypes, the loaded state
+    (main rank) and the policy's actions from fixed noise, before training."""
+    units = {}
+    for name, module in session.trainee.named_modules():
+        if type(module).__name__.removeprefix("FSDP") in LAYER_CLASSES:
+            params = list(module.parameters())
+            local = sum((p.to_local() if hasattr(p, "to_local") else p).nbytes for p in params)
+            units[name] = (local, sum(p.numel() * p.element_size() for p in params))
+    dtypes = {n: p.dtype for n, p in session.trainee.named_parameters()}
+    initial = full_state(session)
+    # Acting before training, as an evaluation between steps does: training after it must
+    # be as without it (units that stay gathered after a forward are resharded).
+    policy = session.policy
+    batch, noise = _inference_batch(policy.config)
+    chunk = policy.predict_action_chunk(batch, noise=noise)
+    policy.reset()
+    first = policy.select_action(batch, noise=noise)
+    policy.reset()
+    session.trainee.train()
     out = {"units": units, "dtypes": dtypes, "chunk": chunk, "first": first}
     if env.is_main:
         out |= initial
     return out
 
 
+def train_and_inspect(argv: list[str]) -> dict:
+    """One rank: build (and restore) the session; record what _inspect does; then train.
+    (Taking the full optimizer state initializes it, one zero-lr step, in every topology
+    alike.)"""
+    return train_one_rank(argv, _inspect)
+
+
 def _run(topology: str, argv: list[str], rank_fn=None) -> list[dict]:
     """``rank_fn`` (default train_and_inspect) on every rank of ``topology``."""
-    rank_fn = rank_fn or train_and_inspect
-    world, batch, flags = TOPOLOGIES[topology]
-    argv = [*argv, *flags, f"--batch_size={batch}"]
-    if world == 1:
-        return [rank_fn(argv)]
-    return run_distributed(rank_fn, world, argv)
+    return run_on_topology(TOPOLOGIES, topology, argv, rank_fn or train_and_inspect)
 
 
 @pytest.fixture(scope="module")
