@@ -6,6 +6,7 @@ Skipped where no cluster answers, except under CI=true, where that is a failure.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -56,10 +57,13 @@ def test_pipeline_through_the_slurm_profile(slurm_cluster, tmp_path):
         "config/config.yaml",
         override,
     )
-    assert result.output.count("submitted with SLURM jobid") == 3  # validate, train, convert
+    # validate, train, convert, evaluate (the best checkpoint and the figures run locally)
+    assert result.output.count("submitted with SLURM jobid") == 4
     train_log = workspace.path(f"{RUN}/logs/train.log").read_text()
     assert "srun + torchrun" in train_log
     assert workspace.complete_checkpoints() == ["000020"]
     assert workspace.converted_steps() == ["000020"]
+    assert workspace.path(f"{RUN}/eval/000020/eval_info.json").is_file()
+    assert json.loads(workspace.path(f"{RUN}/eval/best.json").read_text())["step"] == "000020"
     final = workspace.final_checkpoint()
     assert final["step"] == 20 and final["world_size"] == 2
