@@ -52,8 +52,9 @@ UNLOCK_COMMAND = (
 if workflow.is_main_process:
     if not PUBLISHING:
         logger.info(
-            "Publishing is off: the pipeline stops after conversion. "
-            "Switch it on with --config hub_repo_id=<user>/<repo>."
+            "Publishing is off: the pipeline stops after "
+            + ("conversion and evaluation. " if EVALUATING else "conversion. ")
+            + "Switch it on with --config hub_repo_id=<user>/<repo>."
         )
     if "--unlock" not in sys.argv and any(Path(".snakemake/locks").glob("*")):
         logger.warning(
