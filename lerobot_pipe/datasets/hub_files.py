@@ -398,10 +398,9 @@ class HubFileCache:
         return size
 
 
-class RemoteFile(io.RawIOBase):
-    """A read-only, seekable file over HTTP range requests of ``cache``'s repository file
-    ``path`` (each read one range, with the cache's retries), for readers that fetch only parts
-    of a file: pyarrow reads a parquet file's footer and then only the row groups asked for."""
+class _RemoteFileBase(io.RawIOBase):
+    """A read-only, seekable file over ``cache``'s repository file ``path``: the position and
+    its seeks; subclasses fetch the bytes of ``readinto``."""
 
     def __init__(self, cache: HubFileCache, path: str) -> None:
         super().__init__()
@@ -424,6 +423,12 @@ class RemoteFile(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
+
+class RemoteFile(_RemoteFileBase):
+    """A file over HTTP range requests (each read one range, with the cache's retries), for
+    readers that fetch only parts of a file: pyarrow reads a parquet file's footer and then only
+    the row groups asked for."""
+
     def readinto(self, buffer) -> int:
         n = min(len(buffer), self.size - self._pos)
         if n <= 0:
@@ -434,36 +439,17 @@ class RemoteFile(io.RawIOBase):
         return n
 
 
-class BlockFile(io.RawIOBase):
-    """A read-only, seekable file over :meth:`HubFileCache.read_block` blocks of ``cache``'s
-    repository file ``path``: what a video decoder reads instead of a local copy, so that it
-    fetches the container's index and the blocks of the frames it decodes, not the whole file.
-    A read fills the buffer whole (up to the end of the file), its missing blocks fetched in one
-    request."""
+class BlockFile(_RemoteFileBase):
+    """A file over :meth:`HubFileCache.read_block` blocks: what a video decoder reads instead of
+    a local copy, so that it fetches the container's index and the blocks of the frames it
+    decodes, not the whole file. A read fills the buffer whole (up to the end of the file), its
+    missing blocks fetched in one request."""
 
     def __init__(
         self, cache: HubFileCache, path: str, block_bytes: int = DEFAULT_BLOCK_BYTES
     ) -> None:
-        super().__init__()
-        self.cache = cache
-        self.path = path
+        super().__init__(cache, path)
         self.block_bytes = block_bytes
-        self.size = cache.size(path)
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
 
     def readinto(self, buffer) -> int:
         view = memoryview(buffer).cast("B")

@@ -370,6 +370,45 @@ def _column_to_numpy(
     return flat.astype(dtype, copy=False).reshape((n, *shape))
 
 
+def read_metadata(dataset: Any, use_imagenet_stats: bool) -> None:
+    """Set what a dataset's ``meta/`` under ``dataset.root`` says on ``dataset``: ``info``,
+    ``fps``, ``features``, the ``data_keys`` / ``video_keys`` / ``image_keys`` /
+    ``camera_keys``, ``camera_shapes``, ``stats`` (ImageNet's for the cameras when
+    ``use_imagenet_stats``, as LeRobot) and ``tasks``. The map-style and the streaming dataset
+    read their metadata through this one function."""
+    root = Path(dataset.root)
+    dataset.info = _read_info(root)
+    dataset.fps = int(dataset.info["fps"])
+    features: dict[str, dict[str, Any]] = dataset.info["features"]
+    dataset.features = features
+    dataset.data_keys = [
+        key
+        for key, ft in features.items()
+        if key not in META_COLUMNS and ft.get("dtype") in NUMERIC_DTYPES
+    ]
+    dataset.video_keys = [k for k, ft in features.items() if ft.get("dtype") == "video"]
+    dataset.image_keys = [k for k, ft in features.items() if ft.get("dtype") == "image"]
+    dataset.camera_keys = [k for k, ft in features.items() if ft.get("dtype") in CAMERA_DTYPES]
+    info_path = root / DATASET_INFO
+    try:
+        dataset.camera_shapes = {
+            key: frame_shape(key, features[key], info_path) for key in dataset.camera_keys
+        }
+    except CameraError as exc:
+        raise DatasetError(str(exc)) from None
+    stats = _read_stats(root, features, dataset.data_keys, dataset.camera_shapes)
+    if use_imagenet_stats:
+        for key in dataset.camera_keys:
+            stats.setdefault(key, {}).update(
+                {
+                    name: np.asarray(value, dtype=np.float32).reshape(-1, 1, 1)
+                    for name, value in IMAGENET_STATS.items()
+                }
+            )
+    dataset.stats = stats
+    dataset.tasks = _read_tasks(root)
+
+
 class LeRobotDataset:
     """A LeRobot v3.0 dataset: numeric features held in memory, camera frames decoded per batch.
 
@@ -397,39 +436,10 @@ class LeRobotDataset:
         video_sources: Callable[[Path], Any] | None = None,
     ) -> None:
         self.root = Path(root)
-        self.info = _read_info(self.root)
-        self.fps = int(self.info["fps"])
-        self.features: dict[str, dict[str, Any]] = self.info["features"]
         if not tolerance_s > 0:
             raise DatasetError(f"--tolerance_s={tolerance_s} must be positive")
         self.tolerance_s = tolerance_s
-        self.data_keys = [
-            key
-            for key, ft in self.features.items()
-            if key not in META_COLUMNS and ft.get("dtype") in NUMERIC_DTYPES
-        ]
-        self.video_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "video"]
-        self.image_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "image"]
-        self.camera_keys = [
-            k for k, ft in self.features.items() if ft.get("dtype") in CAMERA_DTYPES
-        ]
-        info_path = self.root / DATASET_INFO
-        try:
-            self.camera_shapes = {
-                key: frame_shape(key, self.features[key], info_path) for key in self.camera_keys
-            }
-        except CameraError as exc:
-            raise DatasetError(str(exc)) from None
-        self.stats = _read_stats(self.root, self.features, self.data_keys, self.camera_shapes)
-        if use_imagenet_stats:
-            for key in self.camera_keys:
-                self.stats.setdefault(key, {}).update(
-                    {
-                        name: np.asarray(value, dtype=np.float32).reshape(-1, 1, 1)
-                        for name, value in IMAGENET_STATS.items()
-                    }
-                )
-        self.tasks = _read_tasks(self.root)
+        read_metadata(self, use_imagenet_stats)
         self.episodes = episodes
         self.image_transforms = ImageTransforms(image_transforms or ImageTransformsConfig())
         self._images: dict[str, pa.Array] = {}

@@ -33,7 +33,6 @@ import torch
 
 from lerobot_pipe.configs.train import ImageTransformsConfig
 from lerobot_pipe.constants import DATASET_INFO, DATASET_VIDEO_PATH
-from lerobot_pipe.datasets.cameras import CameraError, frame_shape
 from lerobot_pipe.datasets.hub_files import (
     DEFAULT_BLOCK_BYTES,
     BlockFile,
@@ -43,17 +42,11 @@ from lerobot_pipe.datasets.hub_files import (
     resolve_revision,
 )
 from lerobot_pipe.datasets.lerobot_dataset import (
-    CAMERA_DTYPES,
     DEFAULT_TOLERANCE_S,
-    IMAGENET_STATS,
-    META_COLUMNS,
-    NUMERIC_DTYPES,
     DatasetError,
     LeRobotDataset,
     _read_episodes,
-    _read_info,
-    _read_stats,
-    _read_tasks,
+    read_metadata,
 )
 from lerobot_pipe.datasets.transforms import ImageTransforms
 
@@ -184,37 +177,8 @@ class StreamingLeRobotDataset:
             token=token,
             on_full=self._close_oldest_idle,
         )
-        self.info = _read_info(self.root)
-        self.fps = int(self.info["fps"])
-        self.features: dict[str, dict[str, Any]] = self.info["features"]
         self.tolerance_s = tolerance_s
-        self.data_keys = [
-            k
-            for k, ft in self.features.items()
-            if k not in META_COLUMNS and ft.get("dtype") in NUMERIC_DTYPES
-        ]
-        self.video_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "video"]
-        self.image_keys = [k for k, ft in self.features.items() if ft.get("dtype") == "image"]
-        self.camera_keys = [
-            k for k, ft in self.features.items() if ft.get("dtype") in CAMERA_DTYPES
-        ]
-        try:
-            self.camera_shapes = {
-                key: frame_shape(key, self.features[key], self.root / DATASET_INFO)
-                for key in self.camera_keys
-            }
-        except CameraError as exc:
-            raise DatasetError(str(exc)) from None
-        self.stats = _read_stats(self.root, self.features, self.data_keys, self.camera_shapes)
-        if use_imagenet_stats:
-            for key in self.camera_keys:
-                self.stats.setdefault(key, {}).update(
-                    {
-                        name: np.asarray(value, dtype=np.float32).reshape(-1, 1, 1)
-                        for name, value in IMAGENET_STATS.items()
-                    }
-                )
-        self.tasks = _read_tasks(self.root)
+        read_metadata(self, use_imagenet_stats)
         self.episodes = episodes
         self.delta_timestamps = delta_timestamps or {}
         self.video_backend = video_backend
