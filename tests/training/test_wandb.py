@@ -175,27 +175,32 @@ def test_eval_records_are_logged_under_eval(wandb_env, dataset_root, tmp_path):
     ]
 
 
+def _two_offline_steps(dataset_root, out, *flags: str) -> tuple[dict, list[dict]]:
+    """The tiny ACT trained 2 steps (log_freq 2, batch 4) with ``flags``, logged to an offline
+    W&B run: the run's one history row, and the records of metrics.jsonl."""
+    run_train(
+        [
+            *tiny_act_flags(**{"dataset.root": dataset_root, "log_freq": 2, "batch_size": 4}),
+            "--steps=2",
+            "--save_freq=0",
+            *flags,
+            "--wandb.enable=true",
+            "--wandb.mode=offline",
+            f"--output_dir={out}",
+        ]
+    )
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    (row,) = read_wandb_run(run_dir)["history"]
+    return row, [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_the_held_out_loss_is_logged_under_eval(wandb_env, dataset_root, tmp_path):
     """The trainer's eval_loss (--eval_steps) as LeRobot logs it: eval/eval_loss at its step;
     episodes and epochs count the training episodes only (LeRobot's train dataset)."""
-    flags = tiny_act_flags(**{"dataset.root": dataset_root, "log_freq": 2, "batch_size": 4})
-    run_train(
-        [
-            *flags,
-            "--steps=2",
-            "--save_freq=0",
-            "--dataset.eval_split=0.25",
-            "--eval_steps=2",
-            "--wandb.enable=true",
-            "--wandb.mode=offline",
-            f"--output_dir={tmp_path}",
-        ]
+    row, records = _two_offline_steps(
+        dataset_root, tmp_path, "--dataset.eval_split=0.25", "--eval_steps=2"
     )
-    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
-    (row,) = read_wandb_run(run_dir)["history"]
-    (record,) = [
-        r for r in map(json.loads, (tmp_path / "metrics.jsonl").open()) if "eval_loss" in r
-    ]
+    (record,) = [r for r in records if "eval_loss" in r]
     assert row["_step"] == record["step"] == 2
     assert row["eval/eval_loss"] == pytest.approx(record["eval_loss"])
     assert row["eval/eval_samples"] == 5 * 50  # the last 5 of the 20 episodes
@@ -206,27 +211,16 @@ def test_the_held_out_loss_is_logged_under_eval(wandb_env, dataset_root, tmp_pat
 def test_the_rollouts_are_logged_under_eval(wandb_env, dataset_root, tmp_path):
     """The in-training rollouts' summary (--env.*, --env_eval_freq) under LeRobot's names:
     eval/pc_success, eval/avg_sum_reward, eval/eval_s, beside ours."""
-    flags = tiny_act_flags(**{"dataset.root": dataset_root, "log_freq": 2, "batch_size": 4})
-    run_train(
-        [
-            *flags,
-            "--steps=2",
-            "--save_freq=0",
-            "--env.type=synthetic",
-            "--env_eval_freq=2",
-            "--eval.n_episodes=2",
-            "--eval.batch_size=1",
-            "--eval.use_async_envs=false",
-            "--wandb.enable=true",
-            "--wandb.mode=offline",
-            f"--output_dir={tmp_path}",
-        ]
+    row, records = _two_offline_steps(
+        dataset_root,
+        tmp_path,
+        "--env.type=synthetic",
+        "--env_eval_freq=2",
+        "--eval.n_episodes=2",
+        "--eval.batch_size=1",
+        "--eval.use_async_envs=false",
     )
-    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
-    (row,) = read_wandb_run(run_dir)["history"]
-    (record,) = [
-        r for r in map(json.loads, (tmp_path / "metrics.jsonl").open()) if "pc_success" in r
-    ]
+    (record,) = [r for r in records if "pc_success" in r]
     assert row["_step"] == record["step"] == 2
     for key in ("pc_success", "avg_sum_reward", "avg_max_reward", "eval_s", "episodes_per_s"):
         assert row[f"eval/{key}"] == pytest.approx(record[key]), key
