@@ -222,6 +222,15 @@ def summary(info: dict[str, Any], step: int) -> dict[str, Any]:
     }
 
 
+def describe(record: dict[str, Any], env_type: str) -> str:
+    """The log line of one evaluation's summary record."""
+    return (
+        f"step {record['step']}: {env_type} success {record['pc_success']:.1f} %, avg sum "
+        f"reward {record['avg_sum_reward']:.4f}, avg max reward {record['avg_max_reward']:.4f} "
+        f"({record['n_episodes']} episodes, {record['eval_s']:.1f} s)"
+    )
+
+
 def check_env(env_cfg: EnvConfig, policy_cfg, rename_map: dict[str, str]) -> None:
     """Before launch: the simulator is installed, the environment starts, and it delivers what
     the policy takes (lerobot-eval's checks, on one sub-env). ValueError (one line) otherwise."""

@@ -54,6 +54,7 @@ from lerobot_pipe.distributed.runtime import (
 )
 from lerobot_pipe.distributed.unit_probe import find_bypassed_modules
 from lerobot_pipe.evaluation.in_training import InTrainingEval, eval_batch_size
+from lerobot_pipe.evaluation.in_training import describe as describe_rollouts
 from lerobot_pipe.evaluation.in_training import summary as env_eval_summary
 from lerobot_pipe.policies.factory import make_policy
 from lerobot_pipe.policies.peft import adapter_key_map, apply_peft
@@ -598,17 +599,7 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
                 if info is not None:
                     record = env_eval_summary(info, step)
                     metrics.log(record, mode="eval")
-                    log.info(
-                        "step %d: %s success %.1f %%, avg sum reward %.4f, avg max reward %.4f "
-                        "(%d episodes, %.1f s)",
-                        step,
-                        cfg.env.type,
-                        record["pc_success"],
-                        record["avg_sum_reward"],
-                        record["avg_max_reward"],
-                        record["n_episodes"],
-                        record["eval_s"],
-                    )
+                    log.info("%s", describe_rollouts(record, cfg.env.type))
             progress.update(step, running, saved)
         last_saved = checkpoints.close()  # training ends once the last save is durable
         metrics.checkpoint(last_saved)
