@@ -179,6 +179,12 @@ class PreTrainedConfig(ChoiceRegistry, choice_base=True, choice_kind="policy"):
         names a local folder they do not have), or None. Publishing refuses it before upload."""
         return None
 
+    def meta_build_problem(self, pretrained_parts: bool) -> str | None:
+        """Why this policy cannot be built on the meta device and materialized shard by shard
+        (distributed/meta_init.py), e.g. a part whose own weights are read whole while it is
+        constructed; None when it can. The trainer then builds it eagerly, logging this."""
+        return None
+
     # --- serialization --------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

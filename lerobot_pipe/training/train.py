@@ -52,11 +52,13 @@ from lerobot_pipe.distributed.runtime import (
     init_distributed,
     run_on_main,
 )
+from lerobot_pipe.distributed.meta_init import DeferredInit, MetaBuild, safetensors_source
 from lerobot_pipe.distributed.unit_probe import find_bypassed_modules
 from lerobot_pipe.evaluation.in_training import InTrainingEval, eval_batch_size
 from lerobot_pipe.evaluation.in_training import describe as describe_rollouts
 from lerobot_pipe.evaluation.in_training import summary as env_eval_summary
-from lerobot_pipe.policies.factory import make_policy
+from lerobot_pipe.policies.factory import fill_features, get_policy_class, make_policy
+from lerobot_pipe.policies.locate import local_policy_folder
 from lerobot_pipe.policies.peft import adapter_key_map, apply_peft
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy
 from lerobot_pipe.processors import (
@@ -251,6 +253,7 @@ class Session:
     pre: Any
     post: Any
     ignored: list[nn.Parameter]  # FSDP2-ignored parameters, whose gradients the loop averages
+    built_on_meta: bool = False  # sharded: built on the meta device, shards materialized
 
     @property
     def model(self) -> nn.Module:  # what the loop calls: the policy wrapped for the topology
@@ -299,6 +302,152 @@ def plan_units_on_the_real_model(
     return plan_sharding(trainee, plan.cfg.accelerator, type(policy)._fsdp_wrap_modules, bypassed)
 
 
+@dataclass
+class MetaBuilt:
+    """A policy built on the meta device (sharded runs), with what materializes it."""
+
+    policy: PreTrainedPolicy
+    trainee: nn.Module
+    pre: Any
+    post: Any
+    deferred: DeferredInit
+    sharding: ShardingPlan
+    load: Any = None  # reads --policy.path's weights shard by shard (safetensors_source)
+    model_file: Path | None = None
+    expected_keys: frozenset[str] = frozenset()
+
+    def materialize(self, device: torch.device) -> None:
+        """Every rank's shards (and the whole buffers) with the eager build's values."""
+        self.deferred.materialize(self.trainee, device, self.load)
+        if self.load is not None and self.load.loaded != self.expected_keys:
+            unread = sorted(self.expected_keys - self.load.loaded)
+            raise RuntimeError(f"cannot load {self.model_file}: {unread[:5]} were not read")
+
+
+def meta_build_enabled() -> bool:
+    """Sharded runs build on the meta device unless LEROBOT_PIPE_META_BUILD=0 (a diagnostic
+    switch: the eager build, for comparisons)."""
+    import os
+
+    return os.environ.get(C.ENV_META_BUILD, "1") != "0"
+
+
+def _pretrained_file(policy_cfg) -> Path | None:
+    """--policy.path's model.safetensors (None without one); Unsupported when the folder is an
+    adapter (merged into its base when loaded) or has no such file (the eager build says why)."""
+    from lerobot_pipe.distributed.meta_init import Unsupported
+
+    if not policy_cfg.pretrained_path:
+        return None
+    folder = local_policy_folder(str(policy_cfg.pretrained_path))
+    if (folder / C.ADAPTER_CONFIG_NAME).is_file():
+        raise Unsupported("--policy.path is a LoRA adapter, merged into its base when loaded")
+    model_file = folder / C.MODEL_SAFETENSORS
+    if not model_file.is_file():
+        raise Unsupported(f"no {C.MODEL_SAFETENSORS} in {folder}")
+    return model_file
+
+
+def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | None:
+    """The policy (and its PEFT wrapper) built on the meta device, its wrap units probed there
+    and planned: nothing of it in memory yet (distributed/meta_init.py). None, with the reason
+    logged, when it cannot be (a policy that reads a value while building or probing, a LoRA
+    --policy.path, ...): the caller then builds eagerly. Collective; every rank agrees."""
+    from lerobot_pipe.distributed.meta_init import Unsupported
+
+    cfg = plan.cfg
+    built, reason = None, None
+    try:
+        fill_features(cfg.policy, plan.dataset.features)
+        pretrained_parts = plan.resume_from is None and not cfg.policy.pretrained_path
+        reason = cfg.policy.meta_build_problem(pretrained_parts)
+        if reason is None:
+            model_file = _pretrained_file(cfg.policy)
+            build = MetaBuild()
+            with build.recording():
+                policy = get_policy_class(cfg.policy.type)(
+                    cfg.policy, pretrained_parts=pretrained_parts
+                )
+            policy.train()
+            pre, post = make_processors(plan, env.device.type)
+            trainee: nn.Module = policy
+            if cfg.peft is not None:
+                with build.recording():
+                    trainee = apply_peft(policy, cfg.peft, cfg.policy.pretrained_path)
+            load, expected = None, frozenset()
+            if model_file is not None:
+                load, expected = _checkpoint_names(model_file, policy, trainee)
+            deferred = build.finish(trainee)
+            built = (policy, trainee, pre, post, deferred, load, model_file, expected)
+    except Unsupported as e:
+        reason = str(e)
+    except Exception as e:  # the eager build runs it again and reports what is really wrong
+        reason = f"{type(e).__name__}: {e}"
+    outcome = run_on_main(
+        _probe_on_meta, plan, built, what="probing the policy on the meta device"
+    )
+    if dist.is_initialized():  # every rank must have built it to go on
+        agreed = [None] * dist.get_world_size()
+        dist.all_gather_object(agreed, reason if built is None else None)
+        reason = next((r for r in agreed if r is not None), None)
+    if reason is None and outcome[0] != "ok":
+        reason = outcome[1]
+    if reason is not None:
+        if env.is_main:
+            log.info("Building the policy whole on every rank (not on the meta device): %s", reason)
+        return None
+    policy, trainee, pre, post, deferred, load, model_file, expected = built
+    sharding = plan_sharding(
+        trainee, cfg.accelerator, type(policy)._fsdp_wrap_modules, outcome[1]
+    )
+    return MetaBuilt(
+        policy=policy,
+        trainee=trainee,
+        pre=pre,
+        post=post,
+        deferred=deferred,
+        sharding=sharding,
+        load=load,
+        model_file=model_file,
+        expected_keys=expected,
+    )
+
+
+def _checkpoint_names(model_file: Path, policy: PreTrainedPolicy, trainee: nn.Module):
+    """The loader of ``model_file`` into the trainee's names (PEFT's too), and the keys it must
+    read; the checks of PreTrainedPolicy.from_pretrained (strict: the file's keys are the
+    policy's state-dict keys)."""
+    from safetensors import safe_open
+
+    from lerobot_pipe.distributed.meta_init import destinations
+
+    with safe_open(str(model_file), framework="pt", device="cpu") as handle:
+        file_keys = set(handle.keys())
+    state = policy.state_dict(keep_vars=True)
+    missing, unexpected = sorted(set(state) - file_keys), sorted(file_keys - set(state))
+    if missing or unexpected:
+        raise RuntimeError(
+            f"{model_file} does not match {type(policy).__name__}: missing keys {missing}, "
+            f"unexpected keys {unexpected}"
+        )
+    key_of = {id(t): k for k, t in state.items()}
+    names = {
+        name: key_of[id(t)] for name, t in destinations(trainee).items() if id(t) in key_of
+    }
+    return safetensors_source(model_file, names), frozenset(file_keys)
+
+
+def _probe_on_meta(plan: TrainingPlan, built) -> tuple[str, Any]:
+    """("ok", the bypassed modules) from the probe on the meta model, or ("eager", why not)."""
+    if built is None:
+        return ("eager", "the meta build failed")
+    policy, trainee, pre = built[0], built[1], built[2]
+    try:
+        return ("ok", _probe_forwards(plan, policy, trainee, pre, torch.device("cpu"), True))
+    except Exception as e:  # e.g. a policy that reads a value (.item()) in its forward
+        return ("eager", f"probing its wrap units on the meta device failed ({type(e).__name__}: {e})")
+
+
 def make_sampler(
     plan: TrainingPlan, batch_size: int, rank: int, world: int, start_sample: int = 0
 ) -> GlobalBatchSampler | StreamSampler:
@@ -328,9 +477,11 @@ def _probe_forwards(
     trainee: nn.Module,
     pre: PolicyProcessorPipeline,
     device: torch.device,
+    on_meta: bool = False,
 ) -> dict[str, str]:
     """find_bypassed_modules on a batch of two samples as the loop gets them; RNGs, buffers and
-    the policy's queues are left as they were."""
+    the policy's queues are left as they were. ``on_meta``: the model is on the meta device
+    (the batch is moved there; a policy that reads a value, ``.item()``, fails here)."""
     cfg = plan.cfg
     sampler = make_sampler(plan, min(2, cfg.batch_size), 0, 1)
     with BatchPrefetcher(plan.dataset, sampler, 0, device=device) as loader:
@@ -344,7 +495,13 @@ def _probe_forwards(
         if key in features
     }
     observation |= {k: v for k, v in batch.items() if k.startswith(OBS_LANGUAGE_PREFIX)}
-    trainee.to(device)
+    if on_meta:  # the model built on the meta device: the batch as shapes only
+        batch, observation = (
+            {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+            for d in (batch, observation)
+        )
+    else:
+        trainee.to(device)
     return find_bypassed_modules(
         trainee,
         lambda: trainee(batch),
@@ -379,23 +536,30 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         torch.backends.cudnn.benchmark = False
     # The model is initialized identically on every rank; randomness after that is per rank.
     seed_everything(cfg.seed)
-    # A resumed run's checkpoint holds every weight: no pretrained backbone to read first.
-    policy = make_policy(
-        cfg.policy, plan.dataset.features, pretrained_parts=plan.resume_from is None
-    )
-    policy.train()
-    pre, post = make_processors(plan, env.device.type)
-    trainee: nn.Module = policy
-    adapter_keys = None
-    if cfg.peft is not None:
-        trainee = apply_peft(policy, cfg.peft, cfg.policy.pretrained_path)
-        adapter_keys = adapter_key_map(trainee)
+    # Sharded: built on the meta device, each rank materializing its shards after sharding.
+    meta = build_on_meta(plan, env) if plan.sharding is not None and meta_build_enabled() else None
+    sharding = plan.sharding
+    if meta is not None:
+        policy, trainee, pre, post, sharding = (
+            meta.policy, meta.trainee, meta.pre, meta.post, meta.sharding
+        )
+    else:
+        seed_everything(cfg.seed)
+        # A resumed run's checkpoint holds every weight: no pretrained backbone to read first.
+        policy = make_policy(
+            cfg.policy, plan.dataset.features, pretrained_parts=plan.resume_from is None
+        )
+        policy.train()
+        pre, post = make_processors(plan, env.device.type)
+        trainee = policy
+        if cfg.peft is not None:
+            trainee = apply_peft(policy, cfg.peft, cfg.policy.pretrained_path)
+        if sharding is not None:
+            sharding = plan_units_on_the_real_model(plan, policy, trainee, pre, env.device)
+    adapter_keys = adapter_key_map(trainee) if cfg.peft is not None else None
     n_params = sum(p.numel() for p in trainee.parameters())
     n_trainable = sum(p.numel() for p in trainee.parameters() if p.requires_grad)
 
-    sharding = plan.sharding
-    if sharding is not None:
-        sharding = plan_units_on_the_real_model(plan, policy, trainee, pre, env.device)
     if cfg.accelerator.activation_checkpointing.mode == "full":  # before sharding wraps them
         units = sharding.wrap_units if sharding is not None else None
         wrap_modules = cfg.accelerator.fsdp.wrap_modules
@@ -405,6 +569,8 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     # FSDP2 neither shards nor reduces ignored parameters: their gradients are averaged here.
     ignored = sharding.ignored_parameters(trainee) if sharding is not None else []
     model = apply_parallelism(trainee, dims, env, cfg.accelerator, sharding)
+    if meta is not None:  # CPU-offloaded parameters live on the CPU
+        meta.materialize(torch.device("cpu") if cfg.accelerator.fsdp.cpu_offload else env.device)
     # Groups from the (in place sharded) policy itself: LeRobot's grouping and parameter order.
     optimizer = make_optimizer(trainee.get_optim_params(), cfg.optimizer)
     scheduler = make_scheduler(optimizer, cfg.scheduler, cfg.steps)
@@ -436,6 +602,7 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         pre=pre,
         post=post,
         ignored=ignored,
+        built_on_meta=meta is not None,
     )
 
 

@@ -1,0 +1,380 @@
+"""Build a policy on the meta device and materialize only each rank's shards, with exactly the
+values the eager build gives (issue #20 item 7: no rank ever holds the full fp32 model).
+
+:class:`MetaBuild` runs the build (the policy's constructor, PEFT's adapters) with tensors
+created on the meta device and records every ATen call that touches a meta tensor: what it
+writes, what it reads, its arguments (real tensors among them kept: a grid from numpy, an
+ImageNet backbone's weights). Meta tensors hold no values and draw no random numbers, so the
+build costs no memory and leaves the RNG where it was.
+
+:meth:`DeferredInit.materialize` replays that record on the CPU after ``fully_shard`` and
+``to_empty``, in the recorded order, with a generator started from the default generator's state
+at the start of the build: every random call draws what it drew in the eager build. It runs
+only the calls that the final values depend on (an initialization that a later one overwrites
+whole is dead), but every random call, dead ones on a scratch tensor of the same shape and
+strides (so the generator advances as in the eager build). A tensor's full value exists from the
+call that last overwrites it whole until its last use; then each parameter's shard (this rank's
+rows, as FSDP2 places them) is copied into its DTensor and the full tensor freed. The peak is
+therefore the shards plus the largest tensors being initialized at once, not the model. Buffers
+(persistent and not) are replayed whole. Weights from a checkpoint (``--policy.path``) are not
+replayed but read shard by shard from its safetensors file (:func:`safetensors_source`). At the
+end the default generator is set to the state the eager build leaves it in.
+
+What a record cannot reproduce is refused while building (:class:`Unsupported`), and the trainer
+then builds eagerly and logs why: a random call on a real tensor (its draws would come from a
+different generator position), a call with its own generator, a storage viewed with two dtypes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.utils._device import DeviceContext
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+META = torch.device("meta")
+CPU = torch.device("cpu")
+# Calls whose result is the same whatever the tensor held before (with a whole-storage
+# destination, earlier writes to it are dead).
+_OVERWRITES = frozenset(
+    f"aten::{name}"
+    for name in (
+        "uniform_",
+        "normal_",
+        "fill_",
+        "zero_",
+        "random_",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "bernoulli_",
+        "copy_",
+    )
+)
+# Tensors built from Python data stay real (their values are no function of the RNG).
+_REAL_CONSTRUCTORS = frozenset([torch.tensor, torch.as_tensor, torch.asarray])
+
+
+class Unsupported(Exception):
+    """The build does something a record cannot replay exactly; the message says what."""
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A meta tensor as a view of a recorded storage."""
+
+    key: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+
+    def whole(self, numel: int) -> bool:
+        """Covers every element of its storage once (``numel`` elements of ``dtype``)."""
+        if self.offset or math.prod(self.size) != numel:
+            return False
+        dims = sorted((st, sz) for st, sz in zip(self.stride, self.size, strict=True) if sz > 1)
+        expected = 1
+        for st, sz in dims:
+            if st != expected:
+                return False
+            expected *= sz
+        return True
+
+
+@dataclass
+class _Call:
+    func: object
+    args: tuple
+    kwargs: dict
+    random: bool
+    writes: list[int]  # storages written (outputs created here, mutated arguments)
+    overwrites: set[int]  # those written whole, the call's result not depending on them
+    reads: set[int]  # storages whose values the call reads
+    created: list[tuple[int, int]] = field(default_factory=list)  # (output index, storage)
+
+
+class _MetaDevice(DeviceContext):
+    """``torch.device("meta")`` except for tensors built from data (kept real)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _REAL_CONSTRUCTORS:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[_Call] = []
+        self.storages: dict[int, tuple[int, torch.dtype]] = {}  # key -> (numel, dtype)
+        self._alive: list[Tensor] = []  # keeps recorded storages (and so their keys) alive
+
+    def ref(self, t: Tensor) -> _Ref:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        known = self.storages.get(key)
+        if known is None:
+            self.storages[key] = (storage.nbytes() // t.element_size(), t.dtype)
+            self._alive.append(t)
+        elif known[1] != t.dtype:
+            raise Unsupported(f"a storage viewed as {known[1]} and {t.dtype}")
+        return _Ref(key, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        seen_before = set(self.storages)
+        metas = [x for x in tree_flatten((args, kwargs))[0] if _is_meta(x)]
+        random = torch.Tag.nondeterministic_seeded in func.tags
+        if random and kwargs.get("generator") is not None:
+            raise Unsupported(f"{func} with its own generator")
+        out = func(*args, **kwargs)
+        outs = tree_flatten(out)[0]
+        out_metas = [x for x in outs if _is_meta(x)]
+        if random and any(
+            isinstance(x, Tensor) and not _is_meta(x) for x in tree_flatten((args, kwargs, out))[0]
+        ):
+            raise Unsupported(f"{func} draws random numbers into a real tensor")
+        if not metas and not out_metas:
+            return out
+        schema = func._schema
+        mutated = set()
+        for i, arg in enumerate(schema.arguments):
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            if arg.alias_info is not None and arg.alias_info.is_write and _is_meta(value):
+                mutated.add(value.untyped_storage()._cdata)
+        created = [
+            (i, x.untyped_storage()._cdata)
+            for i, x in enumerate(outs)
+            if _is_meta(x) and x.untyped_storage()._cdata not in seen_before
+        ]
+        if not mutated and not created:
+            return out  # a view, or metadata: no values change
+        ref_args = tree_map(lambda x: self.ref(x) if _is_meta(x) else x, (args, kwargs))
+        for x in out_metas:
+            self.ref(x)
+        read = {r.key for r in tree_flatten(ref_args)[0] if isinstance(r, _Ref)}
+        overwrites = set()
+        if schema.name in _OVERWRITES and args and _is_meta(args[0]):
+            first = self.ref(args[0])
+            if first.whole(self.storages[first.key][0]):
+                overwrites.add(first.key)
+                if not any(
+                    isinstance(r, _Ref) and r.key == first.key
+                    for r in tree_flatten((ref_args[0][1:], ref_args[1]))[0]
+                ):
+                    read.discard(first.key)
+        for _, key in created:
+            overwrites.add(key)
+        self.calls.append(
+            _Call(
+                func,
+                ref_args[0],
+                ref_args[1],
+                random,
+                writes=sorted(mutated | {k for _, k in created}),
+                overwrites=overwrites,
+                reads=read,
+                created=created,
+            )
+        )
+        return out
+
+
+def _is_meta(x) -> bool:
+    return isinstance(x, Tensor) and x.device.type == "meta"
+
+
+def _to_cpu_arg(x):
+    return CPU if isinstance(x, torch.device) and x.type == "meta" else x
+
+
+@dataclass
+class DeferredInit:
+    """The record of a meta build and what each parameter and buffer name refers to."""
+
+    recorder: _Recorder
+    generator_state: Tensor
+    targets: dict[str, _Ref]  # meta parameters and buffers by name (tied names each)
+    real: dict[str, Tensor]  # parameters and buffers that were built real, by name
+
+    def materialize(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        load: Callable[[str, Tensor, Callable[[Tensor], tuple]], bool] | None = None,
+    ) -> None:
+        """``model`` (sharded or not, the names recorded) on ``device`` with the eager build's
+        values. ``load(name, destination, local_index)`` may fill a destination from a checkpoint
+        instead (returns whether it did); ``local_index(global_shape)`` gives the index of this
+        rank's part."""
+        model.to_empty(device=device)
+        dests = destinations(model)
+        missing = sorted((set(self.targets) | set(self.real)) - set(dests))
+        if missing:
+            raise RuntimeError(f"meta build: the model lost {missing[:5]}")
+        needed: dict[int, list[str]] = {}
+        with torch.no_grad():
+            for name, dest in dests.items():
+                if load is not None and load(name, dest, lambda shape: _local_index(dest, shape)):
+                    continue
+                if name in self.real:
+                    _write(dest, self.real[name])
+                elif name in self.targets:
+                    needed.setdefault(self.targets[name].key, []).append(name)
+                else:
+                    raise RuntimeError(f"meta build: {name} was not recorded")
+            generator = torch.Generator(device="cpu")
+            generator.set_state(self.generator_state)
+            self._replay(generator, needed, dests)
+        torch.default_generator.set_state(generator.get_state())
+
+    def _replay(self, generator, needed: dict[int, list[str]], destinations) -> None:
+        calls, storages = self.recorder.calls, self.recorder.storages
+        # Backward: which calls the needed storages depend on.
+        live_keys, live = set(needed), [False] * len(calls)
+        for i in range(len(calls) - 1, -1, -1):
+            call = calls[i]
+            if not live_keys.intersection(call.writes):
+                continue
+            live[i] = True
+            live_keys -= call.overwrites
+            live_keys |= call.reads
+        if live_keys:  # read before anything wrote them: cannot happen for recorded storages
+            raise RuntimeError("meta build: values used before they were made")
+        last_use: dict[int, int] = {}
+        for i, call in enumerate(calls):
+            if live[i]:
+                for key in (*call.writes, *call.reads):
+                    last_use[key] = i
+        values: dict[int, Tensor] = {}
+
+        def view(ref: _Ref) -> Tensor:
+            base = values.get(ref.key)
+            if base is None:
+                numel, dtype = storages[ref.key]
+                base = values[ref.key] = torch.empty(numel, dtype=dtype)
+            return base.as_strided(ref.size, ref.stride, ref.offset)
+
+        def scratch(ref: _Ref) -> Tensor:
+            return torch.empty_strided(ref.size, ref.stride, dtype=ref.dtype)
+
+        for i, call in enumerate(calls):
+            if not (live[i] or call.random):
+                continue
+            resolve = view if live[i] else scratch
+            args, kwargs = tree_map(
+                lambda x: resolve(x) if isinstance(x, _Ref) else _to_cpu_arg(x),
+                (call.args, call.kwargs),
+            )
+            if call.random:
+                kwargs["generator"] = generator
+            out = call.func(*args, **kwargs)
+            if not live[i]:
+                continue
+            outs = tree_flatten(out)[0]
+            for index, key in call.created:
+                values[key] = outs[index].as_strided((storages[key][0],), (1,), 0)
+            for key in (*call.writes, *call.reads):
+                if last_use.get(key) == i:
+                    for name in needed.pop(key, []):
+                        _write(destinations[name], view(self.targets[name]))
+                    values.pop(key, None)
+        if needed:
+            names = [n for names in needed.values() for n in names]
+            raise RuntimeError(f"meta build: no recorded values for {names[:5]}")
+
+
+def destinations(model: nn.Module) -> dict[str, Tensor]:
+    found = dict(model.named_parameters(remove_duplicate=False))
+    found |= dict(model.named_buffers(remove_duplicate=False))
+    return found
+
+
+def _local_index(dest: Tensor, shape: tuple[int, ...]) -> tuple[slice, ...]:
+    """The index of this rank's part of a tensor of ``shape`` placed as ``dest`` is."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not isinstance(dest, DTensor):
+        return tuple(slice(0, n) for n in shape)
+    local_shape, offset = compute_local_shape_and_global_offset(
+        torch.Size(shape), dest.device_mesh, dest.placements
+    )
+    return tuple(slice(o, o + n) for o, n in zip(offset, local_shape, strict=True))
+
+
+def _write(dest: Tensor, full: Tensor) -> None:
+    """``full`` (the whole tensor) into ``dest``: its local part when ``dest`` is sharded."""
+    from torch.distributed.tensor import DTensor
+
+    if tuple(full.shape) != tuple(dest.shape):
+        raise RuntimeError(f"meta build: shape {tuple(full.shape)} for {tuple(dest.shape)}")
+    if isinstance(dest, DTensor):
+        dest.to_local().copy_(full[_local_index(dest, tuple(full.shape))])
+    else:
+        dest.copy_(full)
+
+
+class MetaBuild:
+    """Records a build on the meta device: ``with build.recording(): model = make(...)``
+    (entered again for later parts, PEFT's adapters; code between runs as usual), then
+    ``build.finish(model)``."""
+
+    def __init__(self) -> None:
+        self._state = torch.default_generator.get_state()  # where the eager build would start
+        self._recorder = _Recorder()
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[MetaBuild]:
+        with _MetaDevice(META), self._recorder:
+            yield self
+
+    def refs(self, tensors: dict[str, Tensor]) -> dict[str, _Ref]:
+        """The recorded views behind the meta tensors among ``tensors``."""
+        return {name: self._recorder.ref(t) for name, t in tensors.items() if _is_meta(t)}
+
+    def finish(self, model: nn.Module) -> DeferredInit:
+        everything = destinations(model)
+        real = {name: t.detach() for name, t in everything.items() if not _is_meta(t)}
+        return DeferredInit(self._recorder, self._state, self.refs(everything), real)
+
+
+def safetensors_source(
+    model_file: Path, names: dict[str, str]
+) -> Callable[[str, Tensor, Callable], bool]:
+    """A ``load`` for :meth:`DeferredInit.materialize`: each destination in ``names`` (model
+    name -> key in ``model_file``) read as this rank's part only (safetensors reads a slice of a
+    tensor without the rest). The keys read are collected in the function's ``loaded``."""
+    from safetensors import safe_open
+    from torch.distributed.tensor import DTensor
+
+    handle = safe_open(str(model_file), framework="pt", device="cpu")
+
+    def load(name: str, dest: Tensor, local_index: Callable) -> bool:
+        key = names.get(name)
+        if key is None:
+            return False
+        part = handle.get_slice(key)
+        shape = tuple(part.get_shape())
+        if shape != tuple(dest.shape):
+            raise RuntimeError(
+                f"cannot load {model_file}: {key} has shape {list(shape)}, the model's "
+                f"{name} {list(dest.shape)}"
+            )
+        values = part[local_index(shape)] if shape else handle.get_tensor(key)
+        local = dest.to_local() if isinstance(dest, DTensor) else dest
+        local.copy_(values)
+        load.loaded.add(key)
+        return True
+
+    load.loaded = set()
+    return load
