@@ -369,6 +369,7 @@ def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | None:
                     cfg.policy, pretrained_parts=pretrained_parts
                 )
             policy.train()
+            state = policy.state_dict(keep_vars=True)  # the file's names, before PEFT's
             pre, post = make_processors(plan, env.device.type)
             trainee: nn.Module = policy
             if cfg.peft is not None:
@@ -376,7 +377,7 @@ def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | None:
                     trainee = apply_peft(policy, cfg.peft, cfg.policy.pretrained_path)
             load, expected = None, frozenset()
             if model_file is not None:
-                load, expected = _checkpoint_names(model_file, policy, trainee)
+                load, expected = _checkpoint_names(model_file, policy, state, trainee)
             deferred = build.finish(trainee)
             built = (policy, trainee, pre, post, deferred, load, model_file, expected)
     except Unsupported as e:
@@ -394,7 +395,7 @@ def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | None:
         reason = outcome[1]
     if reason is not None:
         if env.is_main:
-            log.info("Building the policy whole on every rank (not on the meta device): %s", reason)
+            log.warning("Building the policy whole on every rank (not on the meta device): %s", reason)
         return None
     policy, trainee, pre, post, deferred, load, model_file, expected = built
     sharding = plan_sharding(
@@ -413,17 +414,18 @@ def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | None:
     )
 
 
-def _checkpoint_names(model_file: Path, policy: PreTrainedPolicy, trainee: nn.Module):
+def _checkpoint_names(
+    model_file: Path, policy: PreTrainedPolicy, state: dict, trainee: nn.Module
+):
     """The loader of ``model_file`` into the trainee's names (PEFT's too), and the keys it must
     read; the checks of PreTrainedPolicy.from_pretrained (strict: the file's keys are the
-    policy's state-dict keys)."""
+    policy's state-dict keys, ``state``, taken before PEFT)."""
     from safetensors import safe_open
 
     from lerobot_pipe.distributed.meta_init import destinations
 
     with safe_open(str(model_file), framework="pt", device="cpu") as handle:
         file_keys = set(handle.keys())
-    state = policy.state_dict(keep_vars=True)
     missing, unexpected = sorted(set(state) - file_keys), sorted(file_keys - set(state))
     if missing or unexpected:
         raise RuntimeError(

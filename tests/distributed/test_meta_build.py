@@ -61,3 +61,53 @@ def test_act_meta_build_is_the_eager_build(dataset_root, tmp_path, monkeypatch):
     for step in range(1, STEPS + 1):
         assert abs(curves["meta"][step] - curves["eager"][step]) < 1e-5, step
         assert abs(curves["meta"][step] - curves["single"][step]) < 1e-5, step
+
+
+@pytest.fixture(scope="module")
+def base_policy(dataset_root, tmp_path_factory):
+    """A trained tiny ACT checkpoint to fine-tune from."""
+    from tiny import run_train
+
+    out = tmp_path_factory.mktemp("meta_base") / "out"
+    run_train(
+        [
+            *tiny_act_flags(
+                **DETERMINISTIC, **{"dataset.root": dataset_root, "steps": 2, "save_freq": 2}
+            ),
+            f"--output_dir={out}",
+        ]
+    )
+    return out / "checkpoints/000002/pretrained_model"
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_policy_path_fine_tune_loads_shards_as_the_eager_build(
+    dataset_root, base_policy, tmp_path, monkeypatch, lora
+):
+    """--policy.path read shard by shard from its safetensors (the loaded state is the file's),
+    with LoRA the adapters initialized as the eager build does them; losses as eager FSDP2."""
+    from safetensors.torch import load_file
+
+    extra = {"peft.method_type": "LORA", "peft.r": 4} if lora else {}
+    flags = [
+        *tiny_act_flags(**DETERMINISTIC, **{"dataset.root": dataset_root, "steps": STEPS}, **extra),
+        f"--policy.path={base_policy}",
+    ]
+    runs = {}
+    for name, eager in (("eager", True), ("meta", False)):
+        out = tmp_path / name
+        runs[name] = (out, _run("fsdp2", [*flags, f"--output_dir={out}"], monkeypatch, eager))
+    assert [r["meta"] for r in runs["meta"][1]] == [True, True]
+    meta, eager = runs["meta"][1][0]["model"], runs["eager"][1][0]["model"]
+    _equal(meta, eager, "meta vs eager FSDP2")
+    saved = load_file(base_policy / "model.safetensors")
+    prefix = "base_model.model." if lora else ""
+    for key, value in saved.items():
+        name = key if not lora or key in {k.removeprefix(prefix) for k in meta} else None
+        if name is None:  # a LoRA-wrapped layer's weight: PeftModel's base_layer
+            module, leaf = key.rsplit(".", 1)
+            name = f"{module}.base_layer.{leaf}"
+        assert torch.equal(meta[prefix + name], value), key
+    curves = {name: losses(out) for name, (out, _) in runs.items()}
+    for step in range(1, STEPS + 1):
+        assert abs(curves["meta"][step] - curves["eager"][step]) < 1e-5, step
