@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 # Reading a parameter's metadata is no use of its values: a sharded parameter answers it too.
@@ -193,6 +194,21 @@ def _state_untouched(model: nn.Module) -> Iterator[None]:
                 b.copy_(buffers[name])
         for module, training in modes:
             module.training = training
+
+
+class MetaValues(TorchDispatchMode):
+    """On the meta device, for the probe: a value read from a meta tensor (``.item()``,
+    ``bool(t)``, ``.tolist()``) answers 1 (``True``) instead of failing, so that a policy whose
+    forward asks its inputs a question (transformers' "is this mask all ones?") runs through;
+    the probe then follows the path those answers take. The tests compare its result with the
+    probe on the real model for every policy."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:
+            dtype = args[0].dtype
+            return True if dtype == torch.bool else 1.0 if dtype.is_floating_point else 1
+        return func(*args, **kwargs)
 
 
 def find_bypassed_modules(

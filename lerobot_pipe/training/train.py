@@ -53,7 +53,7 @@ from lerobot_pipe.distributed.runtime import (
     run_on_main,
 )
 from lerobot_pipe.distributed.meta_init import DeferredInit, MetaBuild, safetensors_source
-from lerobot_pipe.distributed.unit_probe import find_bypassed_modules
+from lerobot_pipe.distributed.unit_probe import MetaValues, find_bypassed_modules
 from lerobot_pipe.evaluation.in_training import InTrainingEval, eval_batch_size
 from lerobot_pipe.evaluation.in_training import describe as describe_rollouts
 from lerobot_pipe.evaluation.in_training import summary as env_eval_summary
@@ -254,6 +254,7 @@ class Session:
     post: Any
     ignored: list[nn.Parameter]  # FSDP2-ignored parameters, whose gradients the loop averages
     built_on_meta: bool = False  # sharded: built on the meta device, shards materialized
+    eager_reason: str | None = None  # sharded and built eagerly: why not on the meta device
 
     @property
     def model(self) -> nn.Module:  # what the loop calls: the policy wrapped for the topology
@@ -348,11 +349,12 @@ def _pretrained_file(policy_cfg) -> Path | None:
     return model_file
 
 
-def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | None:
+def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | str:
     """The policy (and its PEFT wrapper) built on the meta device, its wrap units probed there
     and planned: nothing of it in memory yet (distributed/meta_init.py). None, with the reason
-    logged, when it cannot be (a policy that reads a value while building or probing, a LoRA
-    --policy.path, ...): the caller then builds eagerly. Collective; every rank agrees."""
+    logged and returned, when it cannot be (a policy that reads a value while building or
+    probing, a LoRA --policy.path, ...): the caller then builds eagerly. Collective; every rank
+    agrees."""
     from lerobot_pipe.distributed.meta_init import Unsupported
 
     cfg = plan.cfg
@@ -396,7 +398,7 @@ def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | None:
     if reason is not None:
         if env.is_main:
             log.warning("Building the policy whole on every rank (not on the meta device): %s", reason)
-        return None
+        return reason
     policy, trainee, pre, post, deferred, load, model_file, expected = built
     sharding = plan_sharding(
         trainee, cfg.accelerator, type(policy)._fsdp_wrap_modules, outcome[1]
@@ -483,7 +485,7 @@ def _probe_forwards(
 ) -> dict[str, str]:
     """find_bypassed_modules on a batch of two samples as the loop gets them; RNGs, buffers and
     the policy's queues are left as they were. ``on_meta``: the model is on the meta device
-    (the batch is moved there; a policy that reads a value, ``.item()``, fails here)."""
+    (the batch is moved there, values read from it answer 1: unit_probe.MetaValues)."""
     cfg = plan.cfg
     sampler = make_sampler(plan, min(2, cfg.batch_size), 0, 1)
     with BatchPrefetcher(plan.dataset, sampler, 0, device=device) as loader:
@@ -504,12 +506,13 @@ def _probe_forwards(
         )
     else:
         trainee.to(device)
-    return find_bypassed_modules(
-        trainee,
-        lambda: trainee(batch),
-        lambda: policy.select_action(observation),
-        reset=policy.reset,
-    )
+    with MetaValues() if on_meta else contextlib.nullcontext():
+        return find_bypassed_modules(
+            trainee,
+            lambda: trainee(batch),
+            lambda: policy.select_action(observation),
+            reset=policy.reset,
+        )
 
 
 def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
@@ -539,7 +542,11 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     # The model is initialized identically on every rank; randomness after that is per rank.
     seed_everything(cfg.seed)
     # Sharded: built on the meta device, each rank materializing its shards after sharding.
-    meta = build_on_meta(plan, env) if plan.sharding is not None and meta_build_enabled() else None
+    meta = eager_reason = None
+    if plan.sharding is not None:
+        meta = build_on_meta(plan, env) if meta_build_enabled() else f"{C.ENV_META_BUILD}=0"
+        if isinstance(meta, str):
+            meta, eager_reason = None, meta
     sharding = plan.sharding
     if meta is not None:
         policy, trainee, pre, post, sharding = (
@@ -605,6 +612,7 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         post=post,
         ignored=ignored,
         built_on_meta=meta is not None,
+        eager_reason=eager_reason,
     )
 
 

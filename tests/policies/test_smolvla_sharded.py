@@ -109,6 +109,7 @@ def _inspect(session, env) -> dict:
     policy.reset()
     session.trainee.train()
     out = {"units": units, "dtypes": dtypes, "chunk": chunk, "first": first}
+    out["meta"] = session.built_on_meta or session.eager_reason  # True, or why not
     if env.is_main:
         out |= initial
     return out
@@ -184,6 +185,17 @@ def test_fsdp2_and_hsdp_train_and_act_as_one_process(sources):
             torch.testing.assert_close(rank["chunk"], one["chunk"], atol=1e-5, rtol=0)
             torch.testing.assert_close(rank["first"], one["first"], atol=1e-5, rtol=0)
             torch.testing.assert_close(rank["first"], one["chunk"][:, 0], atol=1e-5, rtol=0)
+
+
+def test_sharded_runs_are_built_on_the_meta_device_with_the_eager_weights(sources):
+    """Every sharded topology builds on the meta device and materializes its shards: the
+    initial state is the one-process (eager) build's, bit for bit."""
+    one = sources["single"][1][0]
+    assert one["meta"] is None  # one process: built eagerly, nothing to say why
+    for name in ("fsdp2", "fsdp2-size", "fsdp2-offload", "hsdp"):
+        ranks = sources[name][1]
+        assert all(rank["meta"] is True for rank in ranks), (name, ranks[0]["meta"])
+        _equal(ranks[0]["model"], one["model"], f"{name} initial state")
 
 
 def test_every_layer_unit_is_really_sharded(sources):
@@ -326,6 +338,8 @@ def bf16_runs(parts, base) -> dict[str, tuple[Path, list[dict]]]:
 
 @pytest.mark.parametrize("name", ["fsdp2", "hsdp"])
 def test_a_bf16_base_fine_tunes_keeping_trainable_parameters_in_fp32(bf16_runs, base, name):
+    from safetensors.torch import load_file
+
     from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
 
     out, ranks = bf16_runs[name]
@@ -338,7 +352,10 @@ def test_a_bf16_base_fine_tunes_keeping_trainable_parameters_in_fp32(bf16_runs, 
     trained = {n for n, p in ranks[0]["dtypes"].items()}  # names as the policy's
     assert saved.keys() == base[1].keys() == trained
     loaded = ranks[0]["model"]  # the base as loaded, before the first step
+    assert all(rank["meta"] for rank in ranks)  # read shard by shard from its file
+    file = load_file(base[0] / "model.safetensors")
     for key, dtype in base[1].items():
+        assert torch.equal(loaded[key], file[key].to(loaded[key].dtype)), key
         trainable = "vlm_with_expert.vlm." not in key  # train_expert_only
         want = torch.float32 if trainable else dtype
         assert saved[key].dtype == want == ranks[0]["dtypes"][key], key
@@ -355,6 +372,7 @@ def test_lora_on_a_bf16_base_fine_tunes_on_fsdp2_and_its_adapter_converts(bf16_r
 
     out, ranks = bf16_runs["lora"]
     assert len(losses(out)) == 2
+    assert all(rank["meta"] for rank in ranks)
     for rank in ranks:  # the frozen base is sharded with the adapters
         assert len(rank["units"]) == 6
         for unit, (local, full) in rank["units"].items():
