@@ -28,6 +28,7 @@ different generator position), a call with its own generator, a storage viewed w
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -205,6 +206,9 @@ class DeferredInit:
     generator_state: Tensor
     targets: dict[str, _Ref]  # meta parameters and buffers by name (tied names each)
     real: dict[str, Tensor]  # parameters and buffers that were built real, by name
+    # _loose_tensors: (owner, attribute, the real tensor or the record of a meta one)
+    loose: list[tuple[object, str, Tensor | _Ref]] = field(default_factory=list)
+    peak_bytes: int = 0  # after materialize: the most bytes of whole tensors held at once
 
     def materialize(
         self,
@@ -221,7 +225,7 @@ class DeferredInit:
         missing = sorted((set(self.targets) | set(self.real)) - set(dests))
         if missing:
             raise RuntimeError(f"meta build: the model lost {missing[:5]}")
-        needed: dict[int, list[str]] = {}
+        needed: dict[int, list[tuple[str, _Ref, Callable[[Tensor], None]]]] = {}
         with torch.no_grad():
             for name, dest in dests.items():
                 if load is not None and load(name, dest, lambda shape: _local_index(dest, shape)):
@@ -229,15 +233,23 @@ class DeferredInit:
                 if name in self.real:
                     _write(dest, self.real[name])
                 elif name in self.targets:
-                    needed.setdefault(self.targets[name].key, []).append(name)
+                    ref = self.targets[name]
+                    write = functools.partial(_write, dest)
+                    needed.setdefault(ref.key, []).append((name, ref, write))
                 else:
                     raise RuntimeError(f"meta build: {name} was not recorded")
+            for owner, attr, value in self.loose:  # on the CPU, where the eager build has them
+                if isinstance(value, Tensor):
+                    setattr(owner, attr, value)
+                else:
+                    write = functools.partial(_set_whole, owner, attr)
+                    needed.setdefault(value.key, []).append((attr, value, write))
             generator = torch.Generator(device="cpu")
             generator.set_state(self.generator_state)
-            self._replay(generator, needed, dests)
+            self._replay(generator, needed)
         torch.default_generator.set_state(generator.get_state())
 
-    def _replay(self, generator, needed: dict[int, list[str]], destinations) -> None:
+    def _replay(self, generator, needed: dict) -> None:
         calls, storages = self.recorder.calls, self.recorder.storages
         # Backward: which calls the needed storages depend on.
         live_keys, live = set(needed), [False] * len(calls)
@@ -283,13 +295,15 @@ class DeferredInit:
             outs = tree_flatten(out)[0]
             for index, key in call.created:
                 values[key] = outs[index].as_strided((storages[key][0],), (1,), 0)
+            held = sum(v.numel() * v.element_size() for v in values.values())
+            self.peak_bytes = max(self.peak_bytes, held)
             for key in (*call.writes, *call.reads):
                 if last_use.get(key) == i:
-                    for name in needed.pop(key, []):
-                        _write(destinations[name], view(self.targets[name]))
+                    for _, ref, write in needed.pop(key, []):
+                        write(view(ref))
                     values.pop(key, None)
         if needed:
-            names = [n for names in needed.values() for n in names]
+            names = [n for entries in needed.values() for n, _, _ in entries]
             raise RuntimeError(f"meta build: no recorded values for {names[:5]}")
 
 
@@ -310,6 +324,39 @@ def _local_index(dest: Tensor, shape: tuple[int, ...]) -> tuple[slice, ...]:
         torch.Size(shape), dest.device_mesh, dest.placements
     )
     return tuple(slice(o, o + n) for o, n in zip(offset, local_shape, strict=True))
+
+
+def _set_whole(owner: object, attr: str, full: Tensor) -> None:
+    setattr(owner, attr, full.clone())
+
+
+def _loose_tensors(model: nn.Module) -> list[tuple[object, str, Tensor]]:
+    """Tensors held as plain attributes, of a module or of an object it holds (a noise
+    scheduler's ``alphas_cumprod``): neither parameters nor buffers, still part of the build
+    (and put back as built: the probe on the meta device may have moved them there).
+    Unsupported when a meta one sits in a container (a list or dict of tensors)."""
+    found, seen = [], set()
+
+    def visit(owner: object, depth: int) -> None:
+        if id(owner) in seen or depth > 2:
+            return
+        seen.add(id(owner))
+        attrs = vars(owner) if hasattr(owner, "__dict__") else {}
+        for attr, value in attrs.items():
+            if attr in ("_parameters", "_buffers", "_modules") or isinstance(value, nn.Module):
+                continue
+            if isinstance(value, Tensor):
+                found.append((owner, attr, value))
+            elif isinstance(value, (list, tuple, dict)):
+                items = value.values() if isinstance(value, dict) else value
+                if any(_is_meta(v) for v in items):
+                    raise Unsupported(f"meta tensors in a container ({type(owner).__name__}.{attr})")
+            elif hasattr(value, "__dict__") and not isinstance(value, type):
+                visit(value, depth + 1)
+
+    for module in model.modules():
+        visit(module, 0)
+    return found
 
 
 def _write(dest: Tensor, full: Tensor) -> None:
@@ -345,7 +392,11 @@ class MetaBuild:
     def finish(self, model: nn.Module) -> DeferredInit:
         everything = destinations(model)
         real = {name: t.detach() for name, t in everything.items() if not _is_meta(t)}
-        return DeferredInit(self._recorder, self._state, self.refs(everything), real)
+        loose = [
+            (owner, attr, self._recorder.ref(t) if _is_meta(t) else t)
+            for owner, attr, t in _loose_tensors(model)
+        ]
+        return DeferredInit(self._recorder, self._state, self.refs(everything), real, loose)
 
 
 def safetensors_source(
