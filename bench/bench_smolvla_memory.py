@@ -18,7 +18,12 @@ padding to 512x512, the task string, the state), and reports:
   * the bytes autograd kept for the backward in that step (saved tensors outside checkpointed
     units: the activation memory that activation checkpointing trades for recomputation).
 
-Targets: state per rank <= 1.1/N of one process (plain and LoRA).
+``fsdp2-eager`` / ``fsdp4-eager`` / ``lora-fsdp2-eager``: the same with the whole policy built
+on every rank before sharding (``LEROBOT_PIPE_META_BUILD=0``); the others shard on the meta
+device first and materialize only each rank's shards (distributed/meta_init.py).
+
+Targets: state per rank <= 1.1/N of one process (plain and LoRA); peak host memory per rank
+while building below the whole model's parameter bytes (no rank holds a full copy).
 """
 
 from __future__ import annotations
@@ -37,10 +42,15 @@ from launch import run_distributed
 
 MB = 1024 * 1024
 # name -> (world size, extra lerobot-train flags); LoRA cases also get --policy.path=<base>.
+# "-eager" cases build the whole policy on every rank (LEROBOT_PIPE_META_BUILD=0), as before the
+# meta-device build: the comparison for the peak host memory.
 CASES = {
     "single": (1, []),
     "fsdp2": (2, ["--parallelism.dp_shard=2"]),
     "fsdp4": (4, ["--parallelism.dp_shard=4"]),
+    "fsdp2-eager": (2, ["--parallelism.dp_shard=2"]),
+    "fsdp4-eager": (4, ["--parallelism.dp_shard=4"]),
+    "lora-fsdp2-eager": (2, ["--peft.r=16", "--parallelism.dp_shard=2"]),
     "lora-single": (1, ["--peft.r=16"]),
     "lora-fsdp2": (2, ["--peft.r=16", "--parallelism.dp_shard=2"]),
     "ac-single": (1, ["--accelerator.activation_checkpointing.mode=full"]),
@@ -161,6 +171,8 @@ def rank_main(argv: list[str]) -> dict:
             "kept_b": kept[0],
             "step_s": t.s,
             "loss": float(loss.detach()),
+            "meta": session.built_on_meta,
+            "full_params_b": sum(p.numel() * p.element_size() for p in params),
         }
         result["state_b"] = result["params_b"] + result["grads_b"] + result["optim_b"]
         del loss
@@ -213,8 +225,9 @@ def main() -> None:
         world, flags = CASES[case]
         model = [f"--policy.path={base}"] if case.startswith("lora") else fresh
         argv = [*common, *model, *flags, f"--output_dir={tmp / case}"]
+        env = {"LEROBOT_PIPE_META_BUILD": "0"} if case.endswith("-eager") else {}
         with c.Timer() as t:
-            ranks = run_distributed(rank_main, world, argv, timeout=args.timeout)
+            ranks = run_distributed(rank_main, world, argv, env=env, timeout=args.timeout)
         results[case] = ranks
         worst = max(ranks, key=lambda r: r["state_b"])
         print(
@@ -224,7 +237,8 @@ def main() -> None:
             f"{worst['optim_b'] / MB:.0f}, state {worst['state_b'] / MB:.0f}; peak RSS growth "
             f"built {max(r['built_peak_b'] for r in ranks) / MB:.0f}, to first step "
             f"{max(r['step_peak_b'] for r in ranks) / MB:.0f}; saved for backward "
-            f"{max(r['kept_b'] for r in ranks) / MB:.0f}; step {worst['step_s']:.1f} s",
+            f"{max(r['kept_b'] for r in ranks) / MB:.0f}; step {worst['step_s']:.1f} s"
+            f"{'; built on the meta device' if worst['meta'] else ''}",
             flush=True,
         )
     print("\nstate per rank vs one process (target <= 1.1/N):")
@@ -236,6 +250,17 @@ def main() -> None:
         ref = max(r["state_b"] for r in results[ref_name])
         ratio = max(r["state_b"] for r in ranks) / ref
         print(f"  {case}: {ratio:.3f} (target {1.1 / world:.3f}) {c.verdict(ratio <= 1.1 / world)}")
+    print(
+        "\npeak host memory per rank while building (start -> prepare_session done) vs the whole "
+        "model's parameter bytes (target < 1: no rank holds a full copy):"
+    )
+    for case, ranks in results.items():
+        if CASES[case][0] == 1:
+            continue
+        full = ranks[0]["full_params_b"]
+        ratio = max(r["built_peak_b"] for r in ranks) / full
+        how = "meta-device build" if ranks[0]["meta"] else "eager build"
+        print(f"  {case} ({how}): {ratio:.2f} {c.verdict(ratio < 1)}")
     (tmp / "results.json").write_text(json.dumps(results, indent=1))
     print(f"(raw figures: {tmp / 'results.json'})")
 

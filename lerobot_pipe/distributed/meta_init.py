@@ -228,7 +228,7 @@ class DeferredInit:
         needed: dict[int, list[tuple[str, _Ref, Callable[[Tensor], None]]]] = {}
         with torch.no_grad():
             for name, dest in dests.items():
-                if load is not None and load(name, dest, lambda shape: _local_index(dest, shape)):
+                if load is not None and load(name, dest, functools.partial(_local_index, dest)):
                     continue
                 if name in self.real:
                     _write(dest, self.real[name])
@@ -283,10 +283,7 @@ class DeferredInit:
             if not (live[i] or call.random):
                 continue
             resolve = view if live[i] else scratch
-            args, kwargs = tree_map(
-                lambda x: resolve(x) if isinstance(x, _Ref) else _to_cpu_arg(x),
-                (call.args, call.kwargs),
-            )
+            args, kwargs = tree_map(functools.partial(_resolve, resolve), (call.args, call.kwargs))
             if call.random:
                 kwargs["generator"] = generator
             out = call.func(*args, **kwargs)
@@ -326,6 +323,10 @@ def _local_index(dest: Tensor, shape: tuple[int, ...]) -> tuple[slice, ...]:
     return tuple(slice(o, o + n) for o, n in zip(offset, local_shape, strict=True))
 
 
+def _resolve(resolve: Callable[[_Ref], Tensor], x):
+    return resolve(x) if isinstance(x, _Ref) else _to_cpu_arg(x)
+
+
 def _set_whole(owner: object, attr: str, full: Tensor) -> None:
     setattr(owner, attr, full.clone())
 
@@ -350,7 +351,9 @@ def _loose_tensors(model: nn.Module) -> list[tuple[object, str, Tensor]]:
             elif isinstance(value, (list, tuple, dict)):
                 items = value.values() if isinstance(value, dict) else value
                 if any(_is_meta(v) for v in items):
-                    raise Unsupported(f"meta tensors in a container ({type(owner).__name__}.{attr})")
+                    raise Unsupported(
+                        f"meta tensors in a container ({type(owner).__name__}.{attr})"
+                    )
             elif hasattr(value, "__dict__") and not isinstance(value, type):
                 visit(value, depth + 1)
 

@@ -10,9 +10,12 @@ inference methods once, on one real batch, before the model is sharded, and reco
 a parameter with the modules that were running at that moment: a module that owns a parameter
 used while the module's own forward was not running is *bypassed* and cannot be a unit.
 
-A run on the meta device cannot do this (models call ``.item()``, samplers draw numbers): the
-probe runs on the real, still unsharded model on each rank, with the RNG states, buffers and
-policy queues saved and restored around it, so training proceeds exactly as without it.
+The probe runs on the still unsharded model, with the RNG states, buffers and policy queues
+saved and restored around it, so training proceeds exactly as without it: the real model (DDP
+is never probed; a sharded run built eagerly), or, in a sharded run, the model built on the
+meta device (distributed/meta_init.py) with the batch moved there, values read from meta
+tensors (``.item()``, ``bool(t)``) answering 1 (:class:`MetaValues`): a test checks that every
+policy's probe finds the same modules on the meta model as on the real one.
 
 A model whose layers are not called as modules can still make them units: it gives each such
 module a *unit entry* (:func:`add_unit_entry`, an instance method ``run_as_unit(fn, *args)`` that

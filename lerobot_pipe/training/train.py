@@ -35,6 +35,7 @@ from lerobot_pipe.distributed.activation_checkpointing import (
     apply_activation_checkpointing,
     checkpointed_units,
 )
+from lerobot_pipe.distributed.meta_init import DeferredInit, MetaBuild, safetensors_source
 from lerobot_pipe.distributed.parallelize import (
     ShardingPlan,
     apply_parallelism,
@@ -52,7 +53,6 @@ from lerobot_pipe.distributed.runtime import (
     init_distributed,
     run_on_main,
 )
-from lerobot_pipe.distributed.meta_init import DeferredInit, MetaBuild, safetensors_source
 from lerobot_pipe.distributed.unit_probe import MetaValues, find_bypassed_modules
 from lerobot_pipe.evaluation.in_training import InTrainingEval, eval_batch_size
 from lerobot_pipe.evaluation.in_training import describe as describe_rollouts
@@ -386,9 +386,7 @@ def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | str:
         reason = str(e)
     except Exception as e:  # the eager build runs it again and reports what is really wrong
         reason = f"{type(e).__name__}: {e}"
-    outcome = run_on_main(
-        _probe_on_meta, plan, built, what="probing the policy on the meta device"
-    )
+    outcome = run_on_main(_probe_on_meta, plan, built, what="probing the policy on the meta device")
     if dist.is_initialized():  # every rank must have built it to go on
         agreed = [None] * dist.get_world_size()
         dist.all_gather_object(agreed, reason if built is None else None)
@@ -397,12 +395,12 @@ def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | str:
         reason = outcome[1]
     if reason is not None:
         if env.is_main:
-            log.warning("Building the policy whole on every rank (not on the meta device): %s", reason)
+            log.warning(
+                "Building the policy whole on every rank (not on the meta device): %s", reason
+            )
         return reason
     policy, trainee, pre, post, deferred, load, model_file, expected = built
-    sharding = plan_sharding(
-        trainee, cfg.accelerator, type(policy)._fsdp_wrap_modules, outcome[1]
-    )
+    sharding = plan_sharding(trainee, cfg.accelerator, type(policy)._fsdp_wrap_modules, outcome[1])
     return MetaBuilt(
         policy=policy,
         trainee=trainee,
@@ -416,9 +414,7 @@ def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | str:
     )
 
 
-def _checkpoint_names(
-    model_file: Path, policy: PreTrainedPolicy, state: dict, trainee: nn.Module
-):
+def _checkpoint_names(model_file: Path, policy: PreTrainedPolicy, state: dict, trainee: nn.Module):
     """The loader of ``model_file`` into the trainee's names (PEFT's too), and the keys it must
     read; the checks of PreTrainedPolicy.from_pretrained (strict: the file's keys are the
     policy's state-dict keys, ``state``, taken before PEFT)."""
@@ -435,9 +431,7 @@ def _checkpoint_names(
             f"unexpected keys {unexpected}"
         )
     key_of = {id(t): k for k, t in state.items()}
-    names = {
-        name: key_of[id(t)] for name, t in destinations(trainee).items() if id(t) in key_of
-    }
+    names = {name: key_of[id(t)] for name, t in destinations(trainee).items() if id(t) in key_of}
     return safetensors_source(model_file, names), frozenset(file_keys)
 
 
@@ -449,7 +443,10 @@ def _probe_on_meta(plan: TrainingPlan, built) -> tuple[str, Any]:
     try:
         return ("ok", _probe_forwards(plan, policy, trainee, pre, torch.device("cpu"), True))
     except Exception as e:  # e.g. a policy that reads a value (.item()) in its forward
-        return ("eager", f"probing its wrap units on the meta device failed ({type(e).__name__}: {e})")
+        return (
+            "eager",
+            f"probing its wrap units on the meta device failed ({type(e).__name__}: {e})",
+        )
 
 
 def make_sampler(
@@ -550,7 +547,11 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     sharding = plan.sharding
     if meta is not None:
         policy, trainee, pre, post, sharding = (
-            meta.policy, meta.trainee, meta.pre, meta.post, meta.sharding
+            meta.policy,
+            meta.trainee,
+            meta.pre,
+            meta.post,
+            meta.sharding,
         )
     else:
         seed_everything(cfg.seed)

@@ -161,7 +161,10 @@ def test_materializing_holds_a_few_whole_tensors_not_the_model(dataset_root, tmp
     deferred = build.finish(policy)
     deferred.materialize(policy, torch.device("cpu"))
     sizes = sorted(p.numel() * p.element_size() for p in policy.parameters())
-    assert 0 < deferred.peak_bytes <= 2 * sizes[-1] < sum(sizes) / 4, (deferred.peak_bytes, sizes[-1])
+    assert 0 < deferred.peak_bytes <= 2 * sizes[-1] < sum(sizes) / 4, (
+        deferred.peak_bytes,
+        sizes[-1],
+    )
 
 
 @pytest.fixture(scope="module")
