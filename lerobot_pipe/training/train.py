@@ -576,11 +576,12 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
         policy_units = type(policy)._fsdp_wrap_modules
         checkpointed = checkpointed_units(trainee, wrap_modules, policy_units, units)
         apply_activation_checkpointing(trainee, checkpointed)
-    # FSDP2 neither shards nor reduces ignored parameters: their gradients are averaged here.
-    ignored = sharding.ignored_parameters(trainee) if sharding is not None else []
     model = apply_parallelism(trainee, dims, env, cfg.accelerator, sharding)
     if meta is not None:  # CPU-offloaded parameters live on the CPU
         meta.materialize(torch.device("cpu") if cfg.accelerator.fsdp.cpu_offload else env.device)
+    # FSDP2 neither shards nor reduces ignored parameters: their gradients are averaged here
+    # (taken after materializing, whose to_empty gives unsharded parameters new objects).
+    ignored = sharding.ignored_parameters(trainee) if sharding is not None else []
     # Groups from the (in place sharded) policy itself: LeRobot's grouping and parameter order.
     optimizer = make_optimizer(trainee.get_optim_params(), cfg.optimizer)
     scheduler = make_scheduler(optimizer, cfg.scheduler, cfg.steps)
