@@ -158,17 +158,19 @@ def diffusion_policy_and_data(
     seed: int = 0,
     rank: int = 0,
     dp_world_size: int = 1,
+    **fields,
 ):
     """(policy, dataset, sampler, preprocessor) of Diffusion Policy at LeRobot's default size
-    (random-init resnet18), built the way make_plan + train build them: delta timestamps from the
-    policy's windows, the sampler off each episode's last drop_n_last_frames frames."""
+    (random-init resnet18) or with config ``fields`` changed, built the way make_plan + train
+    build them: delta timestamps from the policy's windows, the sampler off each episode's last
+    drop_n_last_frames frames."""
     from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset
     from lerobot_pipe.policies.diffusion import DiffusionConfig
     from lerobot_pipe.policies.factory import make_policy
     from lerobot_pipe.processors import make_pre_post_processors
     from lerobot_pipe.training.preflight import sample_indices
 
-    cfg = DiffusionConfig(pretrained_backbone_weights=None)
+    cfg = DiffusionConfig(**{"pretrained_backbone_weights": None, **fields})
     probe = LeRobotDataset(dataset_root)
     fps = probe.fps
     windows = {
