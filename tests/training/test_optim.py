@@ -84,6 +84,7 @@ def _params_with_grads(seed: int) -> list[torch.nn.Parameter]:
     return params
 
 
+@pytest.mark.torch_range
 @pytest.mark.parametrize("config", [AdamWConfig(lr=1e-2, weight_decay=0.1), AdamConfig(lr=1e-2)])
 def test_adam_runs_torchs_fused_kernel_and_updates_as_the_loop(config):
     """On CPU Adam/AdamW get torch's fused kernel (docs/benchmarks.md §9: the per-tensor loop,
@@ -103,6 +104,7 @@ def test_adam_runs_torchs_fused_kernel_and_updates_as_the_loop(config):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.torch_range
 def test_a_loaded_state_of_the_loop_keeps_this_runs_fused_kernel():
     """A LeRobot checkpoint's optimizer_param_groups.json says ``"fused": null`` (torch's
     default); loading it (torch takes the saved groups' keys) must not switch this run back to

@@ -27,7 +27,6 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from lerobot_pipe.policies.act.configuration_act import ACTConfig
-from lerobot_pipe.policies.dropout import Dropout
 from lerobot_pipe.policies.pretrained import (
     ACTION,
     OBS_ENV_STATE,
@@ -124,12 +123,12 @@ class ACTEncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = nn.MultiheadAttention(config.dim_model, config.n_heads, config.dropout)
         self.linear1 = nn.Linear(config.dim_model, config.dim_feedforward)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.linear2 = nn.Linear(config.dim_feedforward, config.dim_model)
         self.norm1 = nn.LayerNorm(config.dim_model)
         self.norm2 = nn.LayerNorm(config.dim_model)
-        self.dropout1 = Dropout(config.dropout)
-        self.dropout2 = Dropout(config.dropout)
+        self.dropout1 = nn.Dropout(config.dropout)
+        self.dropout2 = nn.Dropout(config.dropout)
         self.activation = _activation(config.feedforward_activation)
         self.pre_norm = config.pre_norm
 
@@ -175,14 +174,14 @@ class ACTDecoderLayer(nn.Module):
             config.dim_model, config.n_heads, config.dropout
         )
         self.linear1 = nn.Linear(config.dim_model, config.dim_feedforward)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.linear2 = nn.Linear(config.dim_feedforward, config.dim_model)
         self.norm1 = nn.LayerNorm(config.dim_model)
         self.norm2 = nn.LayerNorm(config.dim_model)
         self.norm3 = nn.LayerNorm(config.dim_model)
-        self.dropout1 = Dropout(config.dropout)
-        self.dropout2 = Dropout(config.dropout)
-        self.dropout3 = Dropout(config.dropout)
+        self.dropout1 = nn.Dropout(config.dropout)
+        self.dropout2 = nn.Dropout(config.dropout)
+        self.dropout3 = nn.Dropout(config.dropout)
         self.activation = _activation(config.feedforward_activation)
         self.pre_norm = config.pre_norm
 
