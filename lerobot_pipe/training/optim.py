@@ -85,6 +85,19 @@ def _materialized(param_groups) -> list[dict]:
     return out
 
 
+# torch's defaults of IMPLEMENTATION_KEYS: what LeRobot's optimizer_param_groups.json holds (its
+# loader refuses a value of another type, e.g. ``"fused": true`` where it has null).
+_TORCH_DEFAULTS = {"foreach": None, "fused": None, "capturable": False, "differentiable": False}
+
+
+def as_torch_defaults(param_groups: list[dict] | None) -> list[dict] | None:
+    """Saved param groups with torch's default implementation keys (the file LeRobot writes);
+    a resume here gives them back this run's (:func:`keep_implementation`)."""
+    if param_groups is None:
+        return None
+    return [{**g, **{k: v for k, v in _TORCH_DEFAULTS.items() if k in g}} for g in param_groups]
+
+
 def keep_implementation(optimizer: torch.optim.Optimizer, load) -> None:
     """Run ``load()`` (which loads a saved state into ``optimizer``), then give every group back
     this optimizer's IMPLEMENTATION_KEYS, with the step counters where a fused or capturable
