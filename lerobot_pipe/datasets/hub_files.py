@@ -51,8 +51,8 @@ DEFAULT_BLOCK_BYTES = 16 << 10
 # The most bytes one range request of blocks asks for: a run of missing blocks longer than this
 # is fetched in several requests (a reader waiting on its first block waits for one request).
 DEFAULT_REQUEST_BYTES = 1 << 20
-# Read-ahead (HubFileCache.read_ahead) takes at most this share of the cache per range, so that
-# what it fetches ahead cannot crowd out the blocks in use.
+# Blocks read ahead (HubFileCache.read_ahead) and not read yet take at most this share of the
+# cache, so that what is fetched ahead cannot crowd out the blocks in use.
 READ_AHEAD_SHARE = 8
 
 
@@ -100,6 +100,7 @@ class _Entry:
     size: int
     pins: int = 0
     data: bytes | None = None  # a block kept in memory (no file in the cache folder)
+    ahead: bool = False  # a block read ahead that no reader has read yet
 
 
 class HubFileCache:
@@ -144,6 +145,7 @@ class HubFileCache:
         self.request_bytes = DEFAULT_REQUEST_BYTES
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # LRU order, oldest first
         self._used = 0  # the sizes of the entries (files and blocks), kept as they change
+        self._ahead = 0  # the sizes of the blocks read ahead and not read yet
         # A read-ahead's refusal (404, 401, 403) of a file, handed to its next reader.
         self._refused: dict[str, DatasetError] = {}
         self._lock = threading.Condition()
@@ -158,6 +160,12 @@ class HubFileCache:
     def used_bytes(self) -> int:
         with self._lock:
             return self._used
+
+    @property
+    def ahead_bytes(self) -> int:
+        """Bytes of the blocks read ahead that no reader has read yet."""
+        with self._lock:
+            return self._ahead
 
     def local_path(self, path: str) -> Path:
         return self.root / path
@@ -236,18 +244,27 @@ class HubFileCache:
     def read_ahead(self, path: str, start: int, end: int, block_bytes: int) -> int:
         """Fetch the missing blocks holding bytes ``start``..``end`` of ``path`` before a reader
         asks for them (a reader asking meanwhile waits for them), in range requests of up to
-        :attr:`request_bytes`; blocks present or being fetched are skipped. At most a
-        ``1/READ_AHEAD_SHARE`` of the cache is read ahead per call, and nothing is when the
-        pinned files leave no room (it never evicts a file in use). The bytes it fetched."""
+        :attr:`request_bytes`; blocks present or being fetched are skipped. It stops while the
+        blocks read ahead and not read yet fill ``1/READ_AHEAD_SHARE`` of the cache, and drops
+        what would not fit next to the pinned files (it never evicts a file in use). The bytes
+        it fetched."""
         first = start // block_bytes
         last = min(end, self.size(path) - 1) // block_bytes
-        last = min(last, first + self.max_bytes // READ_AHEAD_SHARE // block_bytes - 1)
-        if last < first:
-            return 0
-        with self._lock:
-            claimed, _ = self._claim(path, first, last, block_bytes, {})
-        fetched = self._fetch_blocks(path, block_bytes, claimed, optional=True)
-        size = sum(len(b) for b in fetched.values())
+        per_request = max(1, self.request_bytes // block_bytes)
+        size = 0
+        # One request's blocks claimed at a time: a reader needing a later block meanwhile
+        # fetches it itself rather than wait for the whole range.
+        for piece in range(first, last + 1, per_request):
+            with self._lock:
+                if self._ahead + per_request * block_bytes > self.max_bytes // READ_AHEAD_SHARE:
+                    break  # enough read ahead and not read yet
+                claimed, _ = self._claim(
+                    path, piece, min(piece + per_request - 1, last), block_bytes, {}
+                )
+            fetched = self._fetch_blocks(path, block_bytes, claimed, optional=True)
+            size += sum(len(b) for b in fetched.values())
+            if len(fetched) < len(claimed):  # a failed request, or no room
+                break
         with self._lock:
             self.read_ahead_bytes += size
         return size
@@ -280,6 +297,9 @@ class HubFileCache:
             if entry is not None and entry.data is not None:
                 got[i] = entry.data
                 self._entries.move_to_end(name)
+                if entry.ahead:
+                    entry.ahead = False
+                    self._ahead -= entry.size
             elif name in self._loading:
                 others = True
             else:
@@ -337,7 +357,8 @@ class HubFileCache:
             return
         with self._lock:
             entry = self._entries[name]
-            entry.data, entry.pins = data, 0
+            entry.data, entry.pins, entry.ahead = data, 0, optional
+            self._ahead += entry.size if optional else 0
             self.peak_bytes = max(self.peak_bytes, self._used)
 
     def store(self, name: str, data: bytes) -> Path:
@@ -364,6 +385,8 @@ class HubFileCache:
         if entry is None:
             return
         self._used -= entry.size
+        if entry.ahead:
+            self._ahead -= entry.size
         if entry.data is None:
             self.local_path(name).unlink(missing_ok=True)
 

@@ -455,6 +455,17 @@ class StreamingLeRobotDataset:
             raise
         return dataset, acquired
 
+    def read_ahead_rows(self, rows: np.ndarray) -> None:
+        """Rows the stream will ask for next, in reading order (the sampler's
+        :meth:`~lerobot_pipe.datasets.stream_sampler.StreamSampler.rows_ahead`, handed over by
+        the prefetcher): their episodes' frames are read ahead, the soonest needed first."""
+        if self._read_ahead is None or not len(rows):
+            return
+        starts, _ = self._episode_bounds
+        position = np.searchsorted(starts, np.asarray(rows, np.int64), side="right") - 1
+        unique, first = np.unique(position, return_index=True)
+        self._ask_read_ahead(unique[np.argsort(first)].tolist())
+
     def _ask_read_ahead(self, positions: list[int]) -> None:
         """Have the background thread fetch the frames of the episodes at ``positions`` not
         asked for recently."""
@@ -544,6 +555,11 @@ class StreamingLeRobotDataset:
             self.files.release(path)
         shutil.rmtree(self.cache_dir / _VIEWS_DIR / f"group-{group}", ignore_errors=True)
 
+    def wait_read_ahead(self, timeout_s: float = 60.0) -> None:
+        """Return once every read-ahead asked for so far has ended."""
+        if self._read_ahead is not None:
+            self._read_ahead.drain(timeout_s)
+
     def close(self) -> None:
         """Stop the read-ahead and close every open file group (their files become evictable)."""
         if self._read_ahead is not None:
@@ -580,6 +596,16 @@ class _Background:
                 call()
             except Exception as exc:
                 log.warning("streaming read-ahead failed (the reader fetches the bytes): %s", exc)
+
+    def drain(self, timeout_s: float) -> None:
+        """Return once the calls submitted so far have run."""
+        done = threading.Event()
+        with self._start_lock:
+            if self._thread is None or self._pid != os.getpid():
+                return
+            self._queue.put(done.set)
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"the read-ahead did not finish within {timeout_s} s")
 
     def close(self) -> None:
         with self._start_lock:
