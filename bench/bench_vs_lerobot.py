@@ -24,13 +24,21 @@ LeRobot's DataLoader worker processes (``--num_workers=2``) are extra processes,
 (ours loads in threads of the rank process). Each configuration runs ``--reps`` times, LeRobot and
 ours alternating (which goes first rotates); medians are reported, ratio = ours / LeRobot.
 
-Configurations (``--only`` picks by name): ACT state-only, ACT with one and with two cameras,
-Diffusion Policy with two cameras; each with ``--num_workers`` 0 and 2 (``--workers``), on one
-process and DDP on 2 (``--procs``). On CPU: fp32, batch 8, one intra-op thread per process, the
-issue-19 ACT (dim_model 256, 4 encoder layers, chunk 20, ResNet-18 from random weights) and a
-smaller Diffusion U-Net (down_dims 128/256/512). On a CUDA machine (torch in ``--ours-python``
-sees a GPU): LeRobot's default sizes, bf16 autocast on both sides; otherwise the script says what it
-would run there. The machine's load average is printed before and after: on a shared machine
+Configurations (``--only`` picks by name, or by policy: ``--only smolvla``): ACT state-only,
+ACT with one and with two cameras, Diffusion Policy with two cameras, SmolVLA small (one camera,
+the dataset written with 4 task strings); each with ``--num_workers`` 0 and 2 (``--workers``), on
+one process and DDP on 2 (``--procs``). On CPU: fp32, batch 8, one intra-op thread per process,
+the issue-19 ACT (dim_model 256, 4 encoder layers, chunk 20, ResNet-18 from random weights), a
+smaller Diffusion U-Net (down_dims 128/256/512) and SmolVLA on a local SmolVLM folder that both
+trainers build from (``--policy.vlm_model_name=<folder> --policy.load_vlm_weights=false``: random
+fp32 weights, nothing downloaded; the "small" geometry of bench/_common.py: text 576 wide, 4
+layers, vision 384 wide, 4 layers, 128x128 frames; SmolVLA's defaults otherwise: chunk 50, the
+expert 0.75 as wide, cross-attention every other layer, the VLM frozen). On a CUDA machine (torch
+in ``--ours-python`` sees a GPU): LeRobot's default sizes (SmolVLA: SmolVLM2-500M's geometry,
+random weights, 512x512 frames), bf16 autocast on both sides; otherwise the script says what it
+would run there. SmolVLA needs transformers beside each trainer (``make lerobot-venv
+bench-venv``: ``lerobot[smolvla]`` there, ``.[smolvla]`` here); each side has its own release
+(LeRobot 0.6.1 pins 5.4-5.5, this project needs 5.18+ for huggingface_hub 2). The machine's load average is printed before and after: on a shared machine
 the times are noisy, compare ratios of the same run.
 """
 
@@ -68,6 +76,11 @@ ACT_CPU = {
     "policy.n_action_steps": 20,
 }
 DIFFUSION_CPU = {"policy.down_dims": "[128,256,512]"}
+# SmolVLA: which local SmolVLM geometry (bench/_common.py) on CPU and on CUDA, and the flags that
+# fit each (the number of text layers the folder has; frames resized to the vision tower's size).
+SMOLVLA_VLM = {False: "small", True: "smolvlm2-500m"}
+SMOLVLA_CPU = {"policy.num_vlm_layers": 4, "policy.resize_imgs_with_padding": "[128,128]"}
+SMOLVLA_TASKS = 4  # task strings of its dataset (episode e gets task e % 4)
 # ours: "step 12/40 loss 0.41 ..."; LeRobot: "step:12 smpl:96 ep:0 epch:0.10 loss:0.410 ..."
 STEP_LINE = {
     "ours": re.compile(r"\bstep (\d+)/\d+ loss "),
@@ -77,15 +90,22 @@ STEP_LINE = {
 
 @dataclass(frozen=True)
 class Config:
-    policy: str  # act | diffusion
+    policy: str  # act | diffusion | smolvla
     cameras: tuple[str, ...]
     workers: int
     procs: int
 
     @property
     def model(self) -> str:
+        if self.policy == "smolvla":
+            return "smolvla-small"
         cams = {0: "state-only", 1: "1cam", 2: "2cam"}[len(self.cameras)]
         return f"{self.policy}-{cams}"
+
+    @property
+    def dataset(self) -> tuple[tuple[str, ...], int]:
+        """(cameras, task strings) of the dataset it trains on."""
+        return self.cameras, SMOLVLA_TASKS if self.policy == "smolvla" else 1
 
     @property
     def name(self) -> str:
@@ -115,14 +135,18 @@ def model_configs(only: list[str] | None) -> list[tuple[str, tuple[str, ...]]]:
         ("act", ("top",)),
         ("act", ("top", "wrist")),
         ("diffusion", ("top", "wrist")),
+        ("smolvla", ("top",)),
     ]
     if only:
-        models = [m for m in models if Config(m[0], m[1], 0, 1).model in only]
+        models = [m for m in models if {m[0], Config(m[0], m[1], 0, 1).model} & set(only)]
     return models
 
 
-def flags(cfg: Config, root: Path, out: Path, steps: int, cuda: bool) -> list[str]:
-    """The training flags, identical for both trainers (LeRobot's names)."""
+def flags(
+    cfg: Config, root: Path, out: Path, steps: int, cuda: bool, vlm: Path | None = None
+) -> list[str]:
+    """The training flags, identical for both trainers (LeRobot's names); ``vlm``: SmolVLA's
+    local SmolVLM folder."""
     f: dict[str, object] = {
         "dataset.repo_id": "bench/synthetic",
         "dataset.root": root,
@@ -130,7 +154,6 @@ def flags(cfg: Config, root: Path, out: Path, steps: int, cuda: bool) -> list[st
         "policy.type": cfg.policy,
         "policy.device": "cuda" if cuda else "cpu",
         "policy.push_to_hub": False,
-        "policy.pretrained_backbone_weights": None,
         "output_dir": out,
         "job_name": "bench",
         "batch_size": BATCH,
@@ -141,8 +164,14 @@ def flags(cfg: Config, root: Path, out: Path, steps: int, cuda: bool) -> list[st
         "seed": SEED,
         "wandb.enable": False,
     }
-    if not cuda:
-        f.update(ACT_CPU if cfg.policy == "act" else DIFFUSION_CPU)
+    if cfg.policy == "smolvla":
+        f.update({"policy.vlm_model_name": vlm, "policy.load_vlm_weights": False})
+        if not cuda:
+            f.update(SMOLVLA_CPU)
+    else:  # the ResNet-18 from random weights (no ImageNet download)
+        f["policy.pretrained_backbone_weights"] = None
+        if not cuda:
+            f.update(ACT_CPU if cfg.policy == "act" else DIFFUSION_CPU)
     out_flags = []
     for key, value in f.items():
         if value is None:
@@ -189,6 +218,8 @@ def trainer_env(trainer: str, home: Path) -> dict[str, str]:
             ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "ACCELERATE_")
         )
     }
+    if trainer == "ours":  # this checkout (the venv's editable install may be another one)
+        env["PYTHONPATH"] = str(REPO)
     env.update(
         HF_HUB_OFFLINE="1",
         HF_HOME=str(home / f"hf-{trainer}"),
@@ -328,7 +359,8 @@ def run_once(
                 m = pattern.search(line)
                 if m and int(m.group(1)) not in stamps:
                     stamps[int(m.group(1))] = now - t0
-                    cpu[int(m.group(1))] = _cpu_s([proc.pid, *list(poll.peak)])
+                    # The tree seen so far (poll.peak holds the root too once polled: once each).
+                    cpu[int(m.group(1))] = _cpu_s(list({proc.pid, *poll.peak}))
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -372,17 +404,38 @@ def run_once(
     )
 
 
-def make_datasets(python: Path, base: Path) -> dict[tuple[str, ...], Path]:
+def make_datasets(
+    python: Path, base: Path, needed: set[tuple[tuple[str, ...], int]]
+) -> dict[tuple[tuple[str, ...], int], Path]:
+    """The synthetic datasets of ``needed`` (Config.dataset), written by ``lerobot-pipe
+    make-dataset``."""
     roots = {}
-    for cams in ((), ("top",), ("top", "wrist")):
-        root = base / f"dataset-{'-'.join(cams) or 'state'}"
+    for cams, tasks in sorted(needed):
+        name = f"dataset-{'-'.join(cams) or 'state'}" + (f"-{tasks}tasks" if tasks > 1 else "")
+        root = base / name
         args = [f"--{k}={v}" for k, v in DATASET.items()]
         if cams:
             args.append(f"--cameras={','.join(cams)}")
+        if tasks > 1:
+            args.append(f"--num_tasks={tasks}")
         cmd = [str(python.parent / "lerobot-pipe"), "make-dataset", f"--root={root}", *args]
         subprocess.run(cmd, check=True, capture_output=True, env=trainer_env("ours", base))
-        roots[cams] = root
+        roots[cams, tasks] = root
     return roots
+
+
+def smolvla_folder(pythons: dict[str, Path], base: Path, cuda: bool) -> Path:
+    """The local SmolVLM folder both trainers build SmolVLA from; refuses, saying what to
+    install, where either side lacks transformers."""
+    code = "import transformers, num2words"
+    for trainer, python in pythons.items():
+        if subprocess.run([str(python), "-c", code], capture_output=True).returncode:
+            extra = "lerobot[smolvla]==0.6.1" if trainer == "lerobot" else "-e .[smolvla]"
+            sys.exit(
+                f"smolvla: {python} lacks transformers or num2words: pip install '{extra}' "
+                f"there (make {'lerobot-venv' if trainer == 'lerobot' else 'bench-venv'})"
+            )
+    return c.write_smolvlm(base / f"smolvlm-{SMOLVLA_VLM[cuda]}", SMOLVLA_VLM[cuda])
 
 
 def versions(python: Path) -> str:
@@ -408,7 +461,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of the per-step median")
-    ap.add_argument("--only", nargs="+", help="act-state-only act-1cam act-2cam diffusion-2cam")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        help="act-state-only act-1cam act-2cam diffusion-2cam smolvla-small, or a policy (act, "
+        "diffusion, smolvla)",
+    )
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
@@ -447,7 +505,8 @@ def main() -> None:
         gpu_flags = flags(gpu, Path("<dataset>"), Path("<out>"), args.steps, cuda=True)
         print(
             "No CUDA here. On a GPU machine it would run LeRobot's default sizes (ACT dim_model "
-            "512, chunk 100; Diffusion down_dims 512/1024/2048) in bf16, e.g. "
+            "512, chunk 100; Diffusion down_dims 512/1024/2048; SmolVLA on SmolVLM2-500M's "
+            "geometry, random weights) in bf16, e.g. "
             f"{gpu.name}:\n  LeRobot: "
             + shlex.join(command("lerobot", pythons["lerobot"], gpu, gpu_flags, True))
             + "\n  ours:    "
@@ -455,12 +514,15 @@ def main() -> None:
         )
     if args.dry_run:
         for cfg in configs:
-            f = flags(cfg, Path("<dataset>"), Path("<out>"), args.steps, cuda)
+            f = flags(cfg, Path("<dataset>"), Path("<out>"), args.steps, cuda, Path("<vlm>"))
             print(f"\n{cfg.name}:")
             for trainer, python in pythons.items():
                 print(f"  {trainer:8} " + shlex.join(command(trainer, python, cfg, f, cuda)))
         return
-    roots = make_datasets(pythons["ours"], tmp)
+    roots = make_datasets(pythons["ours"], tmp, {cfg.dataset for cfg in configs})
+    vlm = (
+        smolvla_folder(pythons, tmp, cuda) if any(g.policy == "smolvla" for g in configs) else None
+    )
     results: dict[str, dict[str, list[Run]]] = {}
     for i, cfg in enumerate(configs):
         results[cfg.name] = {"lerobot": [], "ours": []}
@@ -468,7 +530,7 @@ def main() -> None:
             order = ["lerobot", "ours"] if (i + rep) % 2 == 0 else ["ours", "lerobot"]
             for trainer in order:
                 out = tmp / f"out-{trainer}-{i}-{rep}"
-                f = flags(cfg, roots[cfg.cameras], out, args.steps, cuda)
+                f = flags(cfg, roots[cfg.dataset], out, args.steps, cuda, vlm)
                 cmd = command(trainer, pythons[trainer], cfg, f, cuda)
                 env = trainer_env(trainer, tmp)
                 log_path = tmp / f"{out.name}.log"
