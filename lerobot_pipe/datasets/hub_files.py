@@ -2,9 +2,9 @@
 
 :class:`HubFileCache` is what a streaming dataset reads through: a file is fetched when a reader
 ``acquire``s it and stays pinned until the reader ``release``s it; unpinned files are evicted
-(least recently used first) when a new one would not fit, so the cache folder never holds more
-than ``max_bytes``. Every file comes from one commit (the revision is resolved to its sha once, at
-start), in ranges of ``chunk_bytes`` over HTTP (huggingface_hub's URL, headers and session):
+(least recently used first) when a new one would not fit, so the cache (its folder and the
+blocks in memory together) never holds more than ``max_bytes``. Every file comes from one
+commit (the revision is resolved to its sha once, at start), in ranges of ``chunk_bytes`` over HTTP (huggingface_hub's URL, headers and session):
 
 * a dropped connection, a short body, a 429 or a 5xx is retried from the first byte not yet
   written (``Retry-After`` honoured, exponential backoff otherwise), up to ``retries`` times per
