@@ -19,8 +19,9 @@ Per-step time: each trainer logs every step; this script stamps each step's log 
 arrives and takes the median gap between consecutive lines after ``--warmup`` steps (steady state,
 measured the same way for both, whatever each trainer reports about itself). Start-up: from the
 command to the line of step 1 (imports, dataset, model, launcher, and step 1 itself). Peak memory:
-the largest VmHWM (peak RSS) among the trainer's rank processes, polled from /proc while it runs;
-LeRobot's DataLoader worker processes (``--num_workers=2``) are extra processes, reported apart
+the largest VmHWM (peak RSS) among the trainer's rank processes, polled from /proc while it runs,
+and in brackets their largest anonymous RSS seen (what the trainer allocated: VmHWM also counts
+the shared libraries' pages, which differ with the page cache between two venvs); LeRobot's DataLoader worker processes (``--num_workers=2``) are extra processes, reported apart
 (ours loads in threads of the rank process). Each configuration runs ``--reps`` times, LeRobot and
 ours alternating (which goes first rotates); medians are reported, ratio = ours / LeRobot.
 
@@ -121,6 +122,7 @@ class Run:
     startup_s: float  # command to the step-1 line
     rank_peak_mb: float
     loader_peak_mb: float  # LeRobot's DataLoader worker processes; 0 when none
+    rank_anon_mb: float  # the largest RssAnon seen in a rank (polled): memory it allocated
     steps_seen: int
     log: str = field(repr=False, default="")
 
@@ -246,15 +248,18 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def _status_kb(pid: int, key: str) -> int:
+def _status_kb(pid: int, *keys: str) -> list[int]:
+    """The kB figures of /proc/<pid>/status lines ``keys`` (0 for a process gone)."""
+    found = dict.fromkeys(keys, 0)
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
+                key = line.split(":", 1)[0]
+                if key in found:
+                    found[key] = int(line.split()[1])
     except OSError:
         pass
-    return 0
+    return list(found.values())
 
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -283,13 +288,17 @@ def _is_rank(pid: int) -> bool:
 
 class MemoryPoll(threading.Thread):
     """Peak RSS (VmHWM) of a process tree, polled: ranks (LOCAL_RANK set, or the root when none
-    is) and the processes they started (DataLoader workers)."""
+    is) and the processes they started (DataLoader workers). Beside it the largest anonymous RSS
+    seen (RssAnon, every 0.25 s): VmHWM also counts the pages of shared libraries mapped in,
+    which depend on the page cache (the same torch build read 275 MB of its files into one venv's
+    process and 421 MB into the other's, with the same 281 MB anonymous)."""
 
     def __init__(self, root: int) -> None:
         super().__init__(daemon=True)
         self.root = root
         self.stop = threading.Event()
         self.peak: dict[int, int] = {}
+        self.anon: dict[int, int] = {}
         self.role: dict[int, str] = {}
 
     def run(self) -> None:
@@ -306,7 +315,9 @@ class MemoryPoll(threading.Thread):
         for pid in seen:
             if pid not in self.role:
                 self.role[pid] = "rank" if _is_rank(pid) else "other"
-            self.peak[pid] = max(self.peak.get(pid, 0), _status_kb(pid, "VmHWM"))
+            hwm, anon = _status_kb(pid, "VmHWM", "RssAnon")
+            self.peak[pid] = max(self.peak.get(pid, 0), hwm)
+            self.anon[pid] = max(self.anon.get(pid, 0), anon)
         # A rank's descendants are its loader processes (forked: they inherit LOCAL_RANK too).
         ranks = {p for p in seen if self.role[p] == "rank"}
         for pid in seen:
@@ -320,15 +331,17 @@ class MemoryPoll(threading.Thread):
                 return ppid
         return None
 
-    def result(self) -> tuple[float, float]:
-        """(largest rank peak, largest loader peak) in MB."""
-        ranks = [kb for p, kb in self.peak.items() if self.role.get(p) == "rank"]
+    def result(self) -> tuple[float, float, float]:
+        """(largest rank peak, largest loader peak, largest rank anonymous RSS) in MB."""
+        ranks = [p for p in self.peak if self.role.get(p) == "rank"]
         if not ranks:  # one plain process: the root is the rank, its children loaders
-            ranks = [self.peak.get(self.root, 0)]
-            loaders = [kb for p, kb in self.peak.items() if p != self.root]
+            ranks = [self.root]
+            loaders = [p for p in self.peak if p != self.root]
         else:
-            loaders = [kb for p, kb in self.peak.items() if self.role.get(p) == "loader"]
-        return max(ranks) / 1024, (max(loaders) / 1024 if loaders else 0.0)
+            loaders = [p for p in self.peak if self.role.get(p) == "loader"]
+        loader_kb = max((self.peak[p] for p in loaders), default=0)
+        rank_kb = max(self.peak.get(p, 0) for p in ranks)
+        return rank_kb / 1024, loader_kb / 1024, max(self.anon.get(p, 0) for p in ranks) / 1024
 
 
 def run_once(
@@ -392,13 +405,14 @@ def run_once(
         raise Failed(f"{trainer}: no step log lines after step {warmup} in:\n" + text[-3000:])
     gaps = [stamps[s] - stamps[s - 1] for s in steady]
     cpu_gaps = [cpu[s] - cpu[s - 1] for s in steady]
-    rank_mb, loader_mb = poll.result()
+    rank_mb, loader_mb, anon_mb = poll.result()
     return Run(
         statistics.median(gaps),
         statistics.median(cpu_gaps),
         stamps[1],
         rank_mb,
         loader_mb,
+        anon_mb,
         len(steps),
         text,
     )
@@ -447,7 +461,8 @@ def versions(python: Path) -> str:
 def fmt_mb(run_list: list[Run]) -> str:
     rank = c.median([r.rank_peak_mb for r in run_list])
     loader = c.median([r.loader_peak_mb for r in run_list])
-    return f"{rank:.0f}" + (f" (+{loader:.0f}/loader)" if loader else "")
+    anon = c.median([r.rank_anon_mb for r in run_list])
+    return f"{rank:.0f} [{anon:.0f}]" + (f" (+{loader:.0f}/loader)" if loader else "")
 
 
 def main() -> None:
@@ -539,7 +554,8 @@ def main() -> None:
                 print(
                     f"  {cfg.name:28} {trainer:8} rep {rep}: {1e3 * run.step_s:7.1f} ms/step "
                     f"({1e3 * run.cpu_s:.0f} ms CPU), "
-                    f"start-up {run.startup_s:5.1f} s, peak {run.rank_peak_mb:.0f} MB"
+                    f"start-up {run.startup_s:5.1f} s, peak {run.rank_peak_mb:.0f} MB "
+                    f"[anon {run.rank_anon_mb:.0f}]"
                     + (f" (+{run.loader_peak_mb:.0f} MB/loader)" if run.loader_peak_mb else "")
                     + f"; {c.machine_load()}",
                     flush=True,
@@ -547,7 +563,7 @@ def main() -> None:
 
     print(
         "\n| configuration | LeRobot ms/step (CPU ms) | ours ms/step (CPU ms) | ratio (CPU) "
-        "| start-up s LeRobot / ours | peak MB/process LeRobot | ours |\n|---|---|---|---|---|---|---|"
+        "| start-up s LeRobot / ours | peak MB/process [anon] LeRobot | ours |\n|---|---|---|---|---|---|---|"
     )
     ratios, cpu_ratios = [], []
     for name, by in results.items():
