@@ -93,7 +93,7 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	@test -n "$(PY312)" || { echo "bench-venv: no Python 3.12 (pyenv install 3.12.1)"; exit 1; }
 	test -x $(BENCH_VENV)/bin/python || $(PY312) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(BENCH_VENV)/bin/python -m pip install --quiet --no-compile $(BENCH_TORCH) -e '.[diffusion]'
+	$(BENCH_VENV)/bin/python -m pip install --quiet --no-compile $(BENCH_TORCH) -e '.[diffusion,smolvla]'
 	touch $@
 
 bench-venv: $(BENCH_VENV)/.installed

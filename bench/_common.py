@@ -57,6 +57,46 @@ ACT_SIZES: dict[str, dict] = {
     "100mb": _act(512, 3200, 3, 2),
 }
 
+# Local SmolVLM geometries (config only, random weights: nothing is downloaded), written with the
+# tests' tiny tokenizer and processor files (tests/smolvla_tiny.py; SmolVLA reads only their
+# special token ids). Each: (text config, vision config, the connector's scale factor).
+SMOLVLM_GEOMETRIES: dict[str, tuple[dict, dict, int]] = {
+    # SmolVLM2-500M-Video-Instruct's (SmolVLA's real size: 450,046,176 parameters at its defaults).
+    "smolvlm2-500m": (
+        dict(
+            hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+            num_key_value_heads=5, head_dim=64, vocab_size=49280,
+        ),
+        dict(
+            hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+            num_attention_heads=12, image_size=512, patch_size=16,
+        ),
+        4,
+    ),
+    # "SmolVLA small" of bench_vs_lerobot.py: SmolVLM-256M's text width (576, 9 heads / 3 kv
+    # heads of 64) over 4 layers, a 4-layer 384-wide vision tower on 128x128 frames (patch 16,
+    # 16 image tokens after the pixel shuffle); a step of batch 8 takes ~1-3 s on a core here.
+    "small": (
+        dict(
+            hidden_size=576, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=9,
+            num_key_value_heads=3, head_dim=64,
+        ),
+        dict(
+            hidden_size=384, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=6,
+            image_size=128, patch_size=16,
+        ),
+        2,
+    ),
+}  # fmt: skip
+
+
+def write_smolvlm(folder: Path, geometry: str) -> Path:
+    """A local SmolVLM folder (``vlm_model_name``) of one of ``SMOLVLM_GEOMETRIES``."""
+    from smolvla_tiny import build_tiny_smolvlm
+
+    text, vision, scale = SMOLVLM_GEOMETRIES[geometry]
+    return build_tiny_smolvlm(folder, text=text, vision=vision, scale_factor=scale)
+
 
 def policy_flags(size: str | dict) -> dict[str, object]:
     """lerobot-train flags of an ACT size; a camera backbone starts from random weights (no
@@ -158,17 +198,19 @@ def diffusion_policy_and_data(
     seed: int = 0,
     rank: int = 0,
     dp_world_size: int = 1,
+    **fields,
 ):
     """(policy, dataset, sampler, preprocessor) of Diffusion Policy at LeRobot's default size
-    (random-init resnet18), built the way make_plan + train build them: delta timestamps from the
-    policy's windows, the sampler off each episode's last drop_n_last_frames frames."""
+    (random-init resnet18) or with config ``fields`` changed, built the way make_plan + train
+    build them: delta timestamps from the policy's windows, the sampler off each episode's last
+    drop_n_last_frames frames."""
     from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset
     from lerobot_pipe.policies.diffusion import DiffusionConfig
     from lerobot_pipe.policies.factory import make_policy
     from lerobot_pipe.processors import make_pre_post_processors
     from lerobot_pipe.training.preflight import sample_indices
 
-    cfg = DiffusionConfig(pretrained_backbone_weights=None)
+    cfg = DiffusionConfig(**{"pretrained_backbone_weights": None, **fields})
     probe = LeRobotDataset(dataset_root)
     fps = probe.fps
     windows = {

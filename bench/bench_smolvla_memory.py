@@ -35,7 +35,6 @@ import _common as c  # must come first: pins threads, sets sys.path
 import argparse
 import json
 import os
-from pathlib import Path
 
 import torch
 from launch import run_distributed
@@ -59,42 +58,6 @@ CASES = {
         ["--accelerator.activation_checkpointing.mode=full", "--parallelism.dp_shard=2"],
     ),
 }
-
-
-def write_smolvlm2_500m_geometry(folder: Path) -> Path:
-    """A local SmolVLM folder with SmolVLM2-500M-Video-Instruct's geometry (config only) and the
-    tests' tiny tokenizer and processor files (only their special token ids are read)."""
-    from smolvla_tiny import build_tiny_smolvlm
-    from transformers import SmolVLMConfig
-
-    build_tiny_smolvlm(folder)
-    vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
-    SmolVLMConfig(
-        text_config={
-            "model_type": "llama",
-            "hidden_size": 960,
-            "intermediate_size": 2560,
-            "num_hidden_layers": 32,
-            "num_attention_heads": 15,
-            "num_key_value_heads": 5,
-            "head_dim": 64,
-            "vocab_size": 49280,
-            "tie_word_embeddings": False,
-        },
-        vision_config={
-            "model_type": "smolvlm_vision",
-            "hidden_size": 768,
-            "intermediate_size": 3072,
-            "num_hidden_layers": 12,
-            "num_attention_heads": 12,
-            "image_size": 512,
-            "patch_size": 16,
-        },
-        scale_factor=4,
-        image_token_id=vocab["<image>"],
-        tie_word_embeddings=False,
-    ).save_pretrained(folder)
-    return folder
 
 
 def _peak_reset() -> None:
@@ -195,7 +158,7 @@ def main() -> None:
     from lerobot_pipe.datasets import write_synthetic_dataset
     from lerobot_pipe.policies.smolvla import SmolVLAConfig, SmolVLAPolicy
 
-    vlm = write_smolvlm2_500m_geometry(tmp / "smolvlm2_500m_geometry")
+    vlm = c.write_smolvlm(tmp / "smolvlm2_500m_geometry", "smolvlm2-500m")
     root = write_synthetic_dataset(
         tmp / "ds", num_episodes=2, episode_length=20, cameras=["top"], image_size=64,
         pixels_only=True,

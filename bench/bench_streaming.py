@@ -21,13 +21,14 @@ Per configuration, one epoch (every drawable sample once), float32 camera batche
 Video files are read by cached byte-range blocks (``video_ranges``, the default), or fetched
 whole with ``--whole-files``. Also: bytes fetched per epoch (every rank, retries included) / bytes of the data and video files,
 from a run without loader workers (their look-ahead reads past the end of the epoch).
-Medians of ``--reps``.
+The sides alternate within each rep; medians of ``--reps`` (and each rep's ratio).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -122,9 +123,9 @@ def epoch_stream(hub, repo, cache: Path, world: int, batch: int, workers: int):
             for _ in range(steps):
                 loader.next()
         times.append(time.perf_counter() - start)
-        fetched += dataset.files.bytes_fetched
         samples += steps * batch
-        dataset.close()
+        dataset.close()  # joins the read-ahead thread: every byte it fetched counted
+        fetched += dataset.files.bytes_fetched
     return samples / max(times), fetched
 
 
@@ -161,39 +162,42 @@ def main() -> None:
             files = sum(
                 p.stat().st_size for p in root.rglob("*") if p.is_file() and "meta" not in p.parts
             )
-            maps = [epoch_map(root, args.batch, args.workers) for _ in range(args.reps)]
-            row = {"layout": layout, "file_bytes": files, "map_sps": statistics.median(maps)}
-            for world in (1, 2):
-                runs = [
-                    epoch_stream(
-                        hub,
-                        repo,
-                        tmp / f"cache-{layout}-{world}-{i}",
-                        world,
-                        args.batch,
-                        args.workers,
+            # The sides alternate (map, 1 rank, 2 ranks, per rep): load changes hit all alike.
+            maps, streams, loads = [], {1: [], 2: []}, [os.getloadavg()[0]]
+            for i in range(args.reps):
+                maps.append(epoch_map(root, args.batch, args.workers))
+                for world in (1, 2):
+                    cache = tmp / f"cache-{layout}-{world}-{i}"
+                    streams[world].append(
+                        epoch_stream(hub, repo, cache, world, args.batch, args.workers)[0]
                     )
-                    for i in range(args.reps)
-                ]
-                row[f"stream{world}_sps"] = statistics.median(r[0] for r in runs)
+                loads.append(os.getloadavg()[0])
+            row = {"layout": layout, "file_bytes": files, "map_sps": statistics.median(maps)}
+            row["load_1min"] = [round(min(loads), 1), round(max(loads), 1)]
+            for world in (1, 2):
+                row[f"stream{world}_sps"] = statistics.median(streams[world])
                 # Bytes without loader workers: their look-ahead would read past the epoch.
                 _, fetched = epoch_stream(
                     hub, repo, tmp / f"cache-{layout}-{world}-bytes", world, args.batch, 0
                 )
                 row[f"stream{world}_bytes_ratio"] = fetched / files
                 row[f"stream{world}_vs_map"] = row[f"stream{world}_sps"] / row["map_sps"]
+                row[f"stream{world}_vs_map_per_rep"] = [
+                    round(a / b, 2) for a, b in zip(streams[world], maps, strict=True)
+                ]
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(
         "| layout | map-style samples/s | stream 1 rank | / map | bytes / files | "
-        "stream 2 ranks | / map | bytes / files |"
+        "stream 2 ranks | / map | bytes / files | load (1 min) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['layout']} | {r['map_sps']:.0f} | {r['stream1_sps']:.0f} | "
             f"{r['stream1_vs_map']:.2f} | {r['stream1_bytes_ratio']:.3f} | "
-            f"{r['stream2_sps']:.0f} | {r['stream2_vs_map']:.2f} | {r['stream2_bytes_ratio']:.3f} |"
+            f"{r['stream2_sps']:.0f} | {r['stream2_vs_map']:.2f} | {r['stream2_bytes_ratio']:.3f} "
+            f"| {r['load_1min'][0]}-{r['load_1min'][1]} |"
         )
 
 

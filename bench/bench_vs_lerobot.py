@@ -19,18 +19,27 @@ Per-step time: each trainer logs every step; this script stamps each step's log 
 arrives and takes the median gap between consecutive lines after ``--warmup`` steps (steady state,
 measured the same way for both, whatever each trainer reports about itself). Start-up: from the
 command to the line of step 1 (imports, dataset, model, launcher, and step 1 itself). Peak memory:
-the largest VmHWM (peak RSS) among the trainer's rank processes, polled from /proc while it runs;
-LeRobot's DataLoader worker processes (``--num_workers=2``) are extra processes, reported apart
+the largest VmHWM (peak RSS) among the trainer's rank processes, polled from /proc while it runs,
+and in brackets their largest anonymous RSS seen (what the trainer allocated: VmHWM also counts
+the shared libraries' pages, which differ with the page cache between two venvs); LeRobot's DataLoader worker processes (``--num_workers=2``) are extra processes, reported apart
 (ours loads in threads of the rank process). Each configuration runs ``--reps`` times, LeRobot and
 ours alternating (which goes first rotates); medians are reported, ratio = ours / LeRobot.
 
-Configurations (``--only`` picks by name): ACT state-only, ACT with one and with two cameras,
-Diffusion Policy with two cameras; each with ``--num_workers`` 0 and 2 (``--workers``), on one
-process and DDP on 2 (``--procs``). On CPU: fp32, batch 8, one intra-op thread per process, the
-issue-19 ACT (dim_model 256, 4 encoder layers, chunk 20, ResNet-18 from random weights) and a
-smaller Diffusion U-Net (down_dims 128/256/512). On a CUDA machine (torch in ``--ours-python``
-sees a GPU): LeRobot's default sizes, bf16 autocast on both sides; otherwise the script says what it
-would run there. The machine's load average is printed before and after: on a shared machine
+Configurations (``--only`` picks by name, or by policy: ``--only smolvla``): ACT state-only,
+ACT with one and with two cameras, Diffusion Policy with two cameras, SmolVLA small (one camera,
+the dataset written with 4 task strings); each with ``--num_workers`` 0 and 2 (``--workers``), on
+one process and DDP on 2 (``--procs``). On CPU: fp32, batch 8, one intra-op thread per process,
+the issue-19 ACT (dim_model 256, 4 encoder layers, chunk 20, ResNet-18 from random weights), a
+smaller Diffusion U-Net (down_dims 128/256/512) and SmolVLA on a local SmolVLM folder that both
+trainers build from (``--policy.vlm_model_name=<folder> --policy.load_vlm_weights=false``: random
+fp32 weights, nothing downloaded; the "small" geometry of bench/_common.py: text 576 wide, 4
+layers, vision 384 wide, 4 layers, 128x128 frames; SmolVLA's defaults otherwise: chunk 50, the
+expert 0.75 as wide, cross-attention every other layer, the VLM frozen). On a CUDA machine (torch
+in ``--ours-python`` sees a GPU): LeRobot's default sizes (SmolVLA: SmolVLM2-500M's geometry,
+random weights, 512x512 frames), bf16 autocast on both sides; otherwise the script says what it
+would run there. SmolVLA needs transformers beside each trainer (``make lerobot-venv
+bench-venv``: ``lerobot[smolvla]`` there, ``.[smolvla]`` here); each side has its own release
+(LeRobot 0.6.1 pins 5.4-5.5, this project needs 5.18+ for huggingface_hub 2). The machine's load average is printed before and after: on a shared machine
 the times are noisy, compare ratios of the same run.
 """
 
@@ -68,6 +77,11 @@ ACT_CPU = {
     "policy.n_action_steps": 20,
 }
 DIFFUSION_CPU = {"policy.down_dims": "[128,256,512]"}
+# SmolVLA: which local SmolVLM geometry (bench/_common.py) on CPU and on CUDA, and the flags that
+# fit each (the number of text layers the folder has; frames resized to the vision tower's size).
+SMOLVLA_VLM = {False: "small", True: "smolvlm2-500m"}
+SMOLVLA_CPU = {"policy.num_vlm_layers": 4, "policy.resize_imgs_with_padding": "[128,128]"}
+SMOLVLA_TASKS = 4  # task strings of its dataset (episode e gets task e % 4)
 # ours: "step 12/40 loss 0.41 ..."; LeRobot: "step:12 smpl:96 ep:0 epch:0.10 loss:0.410 ..."
 STEP_LINE = {
     "ours": re.compile(r"\bstep (\d+)/\d+ loss "),
@@ -77,15 +91,22 @@ STEP_LINE = {
 
 @dataclass(frozen=True)
 class Config:
-    policy: str  # act | diffusion
+    policy: str  # act | diffusion | smolvla
     cameras: tuple[str, ...]
     workers: int
     procs: int
 
     @property
     def model(self) -> str:
+        if self.policy == "smolvla":
+            return "smolvla-small"
         cams = {0: "state-only", 1: "1cam", 2: "2cam"}[len(self.cameras)]
         return f"{self.policy}-{cams}"
+
+    @property
+    def dataset(self) -> tuple[tuple[str, ...], int]:
+        """(cameras, task strings) of the dataset it trains on."""
+        return self.cameras, SMOLVLA_TASKS if self.policy == "smolvla" else 1
 
     @property
     def name(self) -> str:
@@ -101,6 +122,7 @@ class Run:
     startup_s: float  # command to the step-1 line
     rank_peak_mb: float
     loader_peak_mb: float  # LeRobot's DataLoader worker processes; 0 when none
+    rank_anon_mb: float  # the largest RssAnon seen in a rank (polled): memory it allocated
     steps_seen: int
     log: str = field(repr=False, default="")
 
@@ -115,14 +137,18 @@ def model_configs(only: list[str] | None) -> list[tuple[str, tuple[str, ...]]]:
         ("act", ("top",)),
         ("act", ("top", "wrist")),
         ("diffusion", ("top", "wrist")),
+        ("smolvla", ("top",)),
     ]
     if only:
-        models = [m for m in models if Config(m[0], m[1], 0, 1).model in only]
+        models = [m for m in models if {m[0], Config(m[0], m[1], 0, 1).model} & set(only)]
     return models
 
 
-def flags(cfg: Config, root: Path, out: Path, steps: int, cuda: bool) -> list[str]:
-    """The training flags, identical for both trainers (LeRobot's names)."""
+def flags(
+    cfg: Config, root: Path, out: Path, steps: int, cuda: bool, vlm: Path | None = None
+) -> list[str]:
+    """The training flags, identical for both trainers (LeRobot's names); ``vlm``: SmolVLA's
+    local SmolVLM folder."""
     f: dict[str, object] = {
         "dataset.repo_id": "bench/synthetic",
         "dataset.root": root,
@@ -130,7 +156,6 @@ def flags(cfg: Config, root: Path, out: Path, steps: int, cuda: bool) -> list[st
         "policy.type": cfg.policy,
         "policy.device": "cuda" if cuda else "cpu",
         "policy.push_to_hub": False,
-        "policy.pretrained_backbone_weights": None,
         "output_dir": out,
         "job_name": "bench",
         "batch_size": BATCH,
@@ -141,8 +166,14 @@ def flags(cfg: Config, root: Path, out: Path, steps: int, cuda: bool) -> list[st
         "seed": SEED,
         "wandb.enable": False,
     }
-    if not cuda:
-        f.update(ACT_CPU if cfg.policy == "act" else DIFFUSION_CPU)
+    if cfg.policy == "smolvla":
+        f.update({"policy.vlm_model_name": vlm, "policy.load_vlm_weights": False})
+        if not cuda:
+            f.update(SMOLVLA_CPU)
+    else:  # the ResNet-18 from random weights (no ImageNet download)
+        f["policy.pretrained_backbone_weights"] = None
+        if not cuda:
+            f.update(ACT_CPU if cfg.policy == "act" else DIFFUSION_CPU)
     out_flags = []
     for key, value in f.items():
         if value is None:
@@ -189,6 +220,8 @@ def trainer_env(trainer: str, home: Path) -> dict[str, str]:
             ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "ACCELERATE_")
         )
     }
+    if trainer == "ours":  # this checkout (the venv's editable install may be another one)
+        env["PYTHONPATH"] = str(REPO)
     env.update(
         HF_HUB_OFFLINE="1",
         HF_HOME=str(home / f"hf-{trainer}"),
@@ -215,15 +248,18 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def _status_kb(pid: int, key: str) -> int:
+def _status_kb(pid: int, *keys: str) -> list[int]:
+    """The kB figures of /proc/<pid>/status lines ``keys`` (0 for a process gone)."""
+    found = dict.fromkeys(keys, 0)
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
+                key = line.split(":", 1)[0]
+                if key in found:
+                    found[key] = int(line.split()[1])
     except OSError:
         pass
-    return 0
+    return list(found.values())
 
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -252,13 +288,17 @@ def _is_rank(pid: int) -> bool:
 
 class MemoryPoll(threading.Thread):
     """Peak RSS (VmHWM) of a process tree, polled: ranks (LOCAL_RANK set, or the root when none
-    is) and the processes they started (DataLoader workers)."""
+    is) and the processes they started (DataLoader workers). Beside it the largest anonymous RSS
+    seen (RssAnon, every 0.25 s): VmHWM also counts the pages of shared libraries mapped in,
+    which depend on the page cache (the same torch build read 275 MB of its files into one venv's
+    process and 421 MB into the other's, with the same 281 MB anonymous)."""
 
     def __init__(self, root: int) -> None:
         super().__init__(daemon=True)
         self.root = root
         self.stop = threading.Event()
         self.peak: dict[int, int] = {}
+        self.anon: dict[int, int] = {}
         self.role: dict[int, str] = {}
 
     def run(self) -> None:
@@ -275,7 +315,9 @@ class MemoryPoll(threading.Thread):
         for pid in seen:
             if pid not in self.role:
                 self.role[pid] = "rank" if _is_rank(pid) else "other"
-            self.peak[pid] = max(self.peak.get(pid, 0), _status_kb(pid, "VmHWM"))
+            hwm, anon = _status_kb(pid, "VmHWM", "RssAnon")
+            self.peak[pid] = max(self.peak.get(pid, 0), hwm)
+            self.anon[pid] = max(self.anon.get(pid, 0), anon)
         # A rank's descendants are its loader processes (forked: they inherit LOCAL_RANK too).
         ranks = {p for p in seen if self.role[p] == "rank"}
         for pid in seen:
@@ -289,15 +331,17 @@ class MemoryPoll(threading.Thread):
                 return ppid
         return None
 
-    def result(self) -> tuple[float, float]:
-        """(largest rank peak, largest loader peak) in MB."""
-        ranks = [kb for p, kb in self.peak.items() if self.role.get(p) == "rank"]
+    def result(self) -> tuple[float, float, float]:
+        """(largest rank peak, largest loader peak, largest rank anonymous RSS) in MB."""
+        ranks = [p for p in self.peak if self.role.get(p) == "rank"]
         if not ranks:  # one plain process: the root is the rank, its children loaders
-            ranks = [self.peak.get(self.root, 0)]
-            loaders = [kb for p, kb in self.peak.items() if p != self.root]
+            ranks = [self.root]
+            loaders = [p for p in self.peak if p != self.root]
         else:
-            loaders = [kb for p, kb in self.peak.items() if self.role.get(p) == "loader"]
-        return max(ranks) / 1024, (max(loaders) / 1024 if loaders else 0.0)
+            loaders = [p for p in self.peak if self.role.get(p) == "loader"]
+        loader_kb = max((self.peak[p] for p in loaders), default=0)
+        rank_kb = max(self.peak.get(p, 0) for p in ranks)
+        return rank_kb / 1024, loader_kb / 1024, max(self.anon.get(p, 0) for p in ranks) / 1024
 
 
 def run_once(
@@ -328,7 +372,8 @@ def run_once(
                 m = pattern.search(line)
                 if m and int(m.group(1)) not in stamps:
                     stamps[int(m.group(1))] = now - t0
-                    cpu[int(m.group(1))] = _cpu_s([proc.pid, *list(poll.peak)])
+                    # The tree seen so far (poll.peak holds the root too once polled: once each).
+                    cpu[int(m.group(1))] = _cpu_s(list({proc.pid, *poll.peak}))
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -360,29 +405,51 @@ def run_once(
         raise Failed(f"{trainer}: no step log lines after step {warmup} in:\n" + text[-3000:])
     gaps = [stamps[s] - stamps[s - 1] for s in steady]
     cpu_gaps = [cpu[s] - cpu[s - 1] for s in steady]
-    rank_mb, loader_mb = poll.result()
+    rank_mb, loader_mb, anon_mb = poll.result()
     return Run(
         statistics.median(gaps),
         statistics.median(cpu_gaps),
         stamps[1],
         rank_mb,
         loader_mb,
+        anon_mb,
         len(steps),
         text,
     )
 
 
-def make_datasets(python: Path, base: Path) -> dict[tuple[str, ...], Path]:
+def make_datasets(
+    python: Path, base: Path, needed: set[tuple[tuple[str, ...], int]]
+) -> dict[tuple[tuple[str, ...], int], Path]:
+    """The synthetic datasets of ``needed`` (Config.dataset), written by ``lerobot-pipe
+    make-dataset``."""
     roots = {}
-    for cams in ((), ("top",), ("top", "wrist")):
-        root = base / f"dataset-{'-'.join(cams) or 'state'}"
+    for cams, tasks in sorted(needed):
+        name = f"dataset-{'-'.join(cams) or 'state'}" + (f"-{tasks}tasks" if tasks > 1 else "")
+        root = base / name
         args = [f"--{k}={v}" for k, v in DATASET.items()]
         if cams:
             args.append(f"--cameras={','.join(cams)}")
+        if tasks > 1:
+            args.append(f"--num_tasks={tasks}")
         cmd = [str(python.parent / "lerobot-pipe"), "make-dataset", f"--root={root}", *args]
         subprocess.run(cmd, check=True, capture_output=True, env=trainer_env("ours", base))
-        roots[cams] = root
+        roots[cams, tasks] = root
     return roots
+
+
+def smolvla_folder(pythons: dict[str, Path], base: Path, cuda: bool) -> Path:
+    """The local SmolVLM folder both trainers build SmolVLA from; refuses, saying what to
+    install, where either side lacks transformers."""
+    code = "import transformers, num2words"
+    for trainer, python in pythons.items():
+        if subprocess.run([str(python), "-c", code], capture_output=True).returncode:
+            extra = "lerobot[smolvla]==0.6.1" if trainer == "lerobot" else "-e .[smolvla]"
+            sys.exit(
+                f"smolvla: {python} lacks transformers or num2words: pip install '{extra}' "
+                f"there (make {'lerobot-venv' if trainer == 'lerobot' else 'bench-venv'})"
+            )
+    return c.write_smolvlm(base / f"smolvlm-{SMOLVLA_VLM[cuda]}", SMOLVLA_VLM[cuda])
 
 
 def versions(python: Path) -> str:
@@ -394,7 +461,8 @@ def versions(python: Path) -> str:
 def fmt_mb(run_list: list[Run]) -> str:
     rank = c.median([r.rank_peak_mb for r in run_list])
     loader = c.median([r.loader_peak_mb for r in run_list])
-    return f"{rank:.0f}" + (f" (+{loader:.0f}/loader)" if loader else "")
+    anon = c.median([r.rank_anon_mb for r in run_list])
+    return f"{rank:.0f} [{anon:.0f}]" + (f" (+{loader:.0f}/loader)" if loader else "")
 
 
 def main() -> None:
@@ -408,7 +476,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of the per-step median")
-    ap.add_argument("--only", nargs="+", help="act-state-only act-1cam act-2cam diffusion-2cam")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        help="act-state-only act-1cam act-2cam diffusion-2cam smolvla-small, or a policy (act, "
+        "diffusion, smolvla)",
+    )
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
@@ -447,7 +520,8 @@ def main() -> None:
         gpu_flags = flags(gpu, Path("<dataset>"), Path("<out>"), args.steps, cuda=True)
         print(
             "No CUDA here. On a GPU machine it would run LeRobot's default sizes (ACT dim_model "
-            "512, chunk 100; Diffusion down_dims 512/1024/2048) in bf16, e.g. "
+            "512, chunk 100; Diffusion down_dims 512/1024/2048; SmolVLA on SmolVLM2-500M's "
+            "geometry, random weights) in bf16, e.g. "
             f"{gpu.name}:\n  LeRobot: "
             + shlex.join(command("lerobot", pythons["lerobot"], gpu, gpu_flags, True))
             + "\n  ours:    "
@@ -455,12 +529,15 @@ def main() -> None:
         )
     if args.dry_run:
         for cfg in configs:
-            f = flags(cfg, Path("<dataset>"), Path("<out>"), args.steps, cuda)
+            f = flags(cfg, Path("<dataset>"), Path("<out>"), args.steps, cuda, Path("<vlm>"))
             print(f"\n{cfg.name}:")
             for trainer, python in pythons.items():
                 print(f"  {trainer:8} " + shlex.join(command(trainer, python, cfg, f, cuda)))
         return
-    roots = make_datasets(pythons["ours"], tmp)
+    roots = make_datasets(pythons["ours"], tmp, {cfg.dataset for cfg in configs})
+    vlm = (
+        smolvla_folder(pythons, tmp, cuda) if any(g.policy == "smolvla" for g in configs) else None
+    )
     results: dict[str, dict[str, list[Run]]] = {}
     for i, cfg in enumerate(configs):
         results[cfg.name] = {"lerobot": [], "ours": []}
@@ -468,7 +545,7 @@ def main() -> None:
             order = ["lerobot", "ours"] if (i + rep) % 2 == 0 else ["ours", "lerobot"]
             for trainer in order:
                 out = tmp / f"out-{trainer}-{i}-{rep}"
-                f = flags(cfg, roots[cfg.cameras], out, args.steps, cuda)
+                f = flags(cfg, roots[cfg.dataset], out, args.steps, cuda, vlm)
                 cmd = command(trainer, pythons[trainer], cfg, f, cuda)
                 env = trainer_env(trainer, tmp)
                 log_path = tmp / f"{out.name}.log"
@@ -477,7 +554,8 @@ def main() -> None:
                 print(
                     f"  {cfg.name:28} {trainer:8} rep {rep}: {1e3 * run.step_s:7.1f} ms/step "
                     f"({1e3 * run.cpu_s:.0f} ms CPU), "
-                    f"start-up {run.startup_s:5.1f} s, peak {run.rank_peak_mb:.0f} MB"
+                    f"start-up {run.startup_s:5.1f} s, peak {run.rank_peak_mb:.0f} MB "
+                    f"[anon {run.rank_anon_mb:.0f}]"
                     + (f" (+{run.loader_peak_mb:.0f} MB/loader)" if run.loader_peak_mb else "")
                     + f"; {c.machine_load()}",
                     flush=True,
@@ -485,7 +563,7 @@ def main() -> None:
 
     print(
         "\n| configuration | LeRobot ms/step (CPU ms) | ours ms/step (CPU ms) | ratio (CPU) "
-        "| start-up s LeRobot / ours | peak MB/process LeRobot | ours |\n|---|---|---|---|---|---|---|"
+        "| start-up s LeRobot / ours | peak MB/process [anon] LeRobot | ours |\n|---|---|---|---|---|---|---|"
     )
     ratios, cpu_ratios = [], []
     for name, by in results.items():

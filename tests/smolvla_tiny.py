@@ -1,6 +1,7 @@
 """A tiny SmolVLM folder (config, tokenizer, processor; optionally weights) that transformers
 and LeRobot 0.6.1 accept as ``vlm_model_name``, built offline in a second. The tokenizer is a
-byte-level BPE without merges over SmolVLM's special tokens and the 256 byte symbols."""
+byte-level BPE without merges over SmolVLM's special tokens and the 256 byte symbols. The
+benchmarks write larger geometries with the same tokenizer (``text`` / ``vision`` overrides)."""
 
 from __future__ import annotations
 
@@ -30,29 +31,62 @@ _COMMON = dict(
     resample=1,
     rescale_factor=1 / 255,
 )
-PROCESSOR_CONFIG = {
-    "image_processor": {
-        **_COMMON,
-        "do_image_splitting": False,
-        "image_processor_type": "SmolVLMImageProcessor",
-        "max_image_size": {"longest_edge": IMAGE_SIZE},
-        "size": {"longest_edge": IMAGE_SIZE},
-    },
-    "image_seq_len": 4,
-    "processor_class": "SmolVLMProcessor",
-    "video_processor": {
-        **_COMMON,
-        "do_sample_frames": False,
-        "max_image_size": {"longest_edge": 364},
-        "return_metadata": False,
-        "size": {"longest_edge": 1456},
-        "video_processor_type": "SmolVLMVideoProcessor",
-    },
+TEXT = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+}
+VISION = {
+    "model_type": "smolvlm_vision",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "image_size": IMAGE_SIZE,
+    "patch_size": 8,
 }
 
 
-def build_tiny_smolvlm(folder: Path, *, with_weights: bool = False, seed: int = 0) -> Path:
-    """Write the tiny SmolVLM into ``folder`` (created) and return it."""
+def processor_config(image_size: int, image_seq_len: int) -> dict:
+    """The processor's file as transformers 5.5 writes it, for frames of ``image_size``."""
+    return {
+        "image_processor": {
+            **_COMMON,
+            "do_image_splitting": False,
+            "image_processor_type": "SmolVLMImageProcessor",
+            "max_image_size": {"longest_edge": image_size},
+            "size": {"longest_edge": image_size},
+        },
+        "image_seq_len": image_seq_len,
+        "processor_class": "SmolVLMProcessor",
+        "video_processor": {
+            **_COMMON,
+            "do_sample_frames": False,
+            "max_image_size": {"longest_edge": 364},
+            "return_metadata": False,
+            "size": {"longest_edge": 1456},
+            "video_processor_type": "SmolVLMVideoProcessor",
+        },
+    }
+
+
+def build_tiny_smolvlm(
+    folder: Path,
+    *,
+    with_weights: bool = False,
+    seed: int = 0,
+    text: dict | None = None,
+    vision: dict | None = None,
+    scale_factor: int = 2,
+) -> Path:
+    """Write the tiny SmolVLM into ``folder`` (created) and return it. ``text`` / ``vision``
+    override fields of its text (llama) and vision configs (the vocabulary is the tokenizer's
+    unless ``text`` names a larger one); ``scale_factor`` is the connector's pixel shuffle."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import (
@@ -82,28 +116,11 @@ def build_tiny_smolvlm(folder: Path, *, with_weights: bool = False, seed: int = 
             "end_of_utterance_token": "<end_of_utterance>",
         },
     )
+    vision_config = {**VISION, **(vision or {})}
     config = SmolVLMConfig(
-        text_config={
-            "model_type": "llama",
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "vocab_size": len(vocab),
-            "tie_word_embeddings": False,
-        },
-        vision_config={
-            "model_type": "smolvlm_vision",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": IMAGE_SIZE,
-            "patch_size": 8,
-        },
-        scale_factor=2,
+        text_config={**TEXT, "vocab_size": len(vocab), **(text or {})},
+        vision_config=vision_config,
+        scale_factor=scale_factor,
         image_token_id=vocab["<image>"],
         tie_word_embeddings=False,
     )
@@ -116,5 +133,8 @@ def build_tiny_smolvlm(folder: Path, *, with_weights: bool = False, seed: int = 
     # The processor's file as transformers 5.5 writes it (LeRobot 0.6.1 builds an AutoProcessor
     # from the folder; transformers >= 5.18 cannot save one without torchvision's video
     # processor, so it is written here).
-    (folder / "processor_config.json").write_text(json.dumps(PROCESSOR_CONFIG, indent=2) + "\n")
+    image_size = vision_config["image_size"]
+    seq_len = (image_size // vision_config["patch_size"] // scale_factor) ** 2
+    processor = processor_config(image_size, seq_len)
+    (folder / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     return folder

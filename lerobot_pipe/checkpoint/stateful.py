@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from lerobot_pipe.checkpoint.layout import CheckpointError
 from lerobot_pipe.checkpoint.lerobot_state import capture_rng_state, restore_rng_state
 from lerobot_pipe.training.ema import EMAState
+from lerobot_pipe.training.optim import keep_implementation
 
 
 def _full_options(**kwargs: Any) -> StateDictOptions:
@@ -81,7 +82,10 @@ class OptimizerState(Stateful):
         return get_optimizer_state_dict(self.model.module, self.optimizer)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model.module, self.optimizer, state_dict)
+        keep_implementation(
+            self.optimizer,
+            lambda: set_optimizer_state_dict(self.model.module, self.optimizer, state_dict),
+        )
 
     def full_state_dict(self) -> dict[str, Any]:
         """Collective: the whole state on the main rank (empty elsewhere)."""
@@ -93,7 +97,12 @@ class OptimizerState(Stateful):
     def load_full_state_dict(self, full: dict[str, Any]) -> None:
         """Collective: set every rank's part from the main rank's whole ``full``."""
         options = _full_options(broadcast_from_rank0=dist.is_initialized())
-        set_optimizer_state_dict(self.model.module, self.optimizer, full, options=options)
+        keep_implementation(
+            self.optimizer,
+            lambda: set_optimizer_state_dict(
+                self.model.module, self.optimizer, full, options=options
+            ),
+        )
 
 
 class RNGState(Stateful):

@@ -90,6 +90,7 @@ from lerobot_pipe.checkpoint.stateful import PretrainedWriter, TrainState
 from lerobot_pipe.distributed.runtime import barrier, broadcast_from_main, gather_objects
 from lerobot_pipe.fsutil import fsync_path, write_json_atomic
 from lerobot_pipe.training.faults import fault_point, saving_step
+from lerobot_pipe.training.optim import as_torch_defaults
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +263,7 @@ class CheckpointWriter:
         if state.stream is not None and self.is_main:
             snap.stream = copy.deepcopy(state.stream.state_dict())
         if self.is_main:
-            snap.param_groups = copy.deepcopy(param_groups)
+            snap.param_groups = as_torch_defaults(copy.deepcopy(param_groups))
             if state.scheduler is not None:
                 snap.scheduler = copy.deepcopy(state.scheduler.state_dict())
             if state.saves_scaler:

@@ -2,9 +2,9 @@
 
 :class:`HubFileCache` is what a streaming dataset reads through: a file is fetched when a reader
 ``acquire``s it and stays pinned until the reader ``release``s it; unpinned files are evicted
-(least recently used first) when a new one would not fit, so the cache folder never holds more
-than ``max_bytes``. Every file comes from one commit (the revision is resolved to its sha once, at
-start), in ranges of ``chunk_bytes`` over HTTP (huggingface_hub's URL, headers and session):
+(least recently used first) when a new one would not fit, so the cache (its folder and the
+blocks in memory together) never holds more than ``max_bytes``. Every file comes from one
+commit (the revision is resolved to its sha once, at start), in ranges of ``chunk_bytes`` over HTTP (huggingface_hub's URL, headers and session):
 
 * a dropped connection, a short body, a 429 or a 5xx is retried from the first byte not yet
   written (``Retry-After`` honoured, exponential backoff otherwise), up to ``retries`` times per
@@ -17,10 +17,11 @@ start), in ranges of ``chunk_bytes`` over HTTP (huggingface_hub's URL, headers a
 Why not ``hf_hub_download``: its cache keeps every blob (no bound, no eviction), and its retries
 do not cover 429 / 5xx in the middle of a file. Video files need not be fetched whole: a
 :class:`BlockFile` is a seekable file object over fixed-size blocks of a file, each fetched once
-(:meth:`HubFileCache.read_block`, with the same retries) and kept in the cache under the same
-bound, so that a decoder reads the container's index and the blocks of the frames it decodes
-(docs/streaming.md). Blocks are checked for their length, not against an ETag (only whole files
-can be).
+(:meth:`HubFileCache.read_blocks`, a run of missing blocks in one range request, with the same
+retries) and kept in memory under the same bound, so that a decoder reads the container's index
+and the blocks of the frames it decodes (docs/streaming.md); :meth:`HubFileCache.read_ahead`
+fetches a byte range's blocks before a decoder asks for them. Blocks are checked for their
+length, not against an ETag (only whole files can be).
 """
 
 from __future__ import annotations
@@ -45,8 +46,14 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK_BYTES = 8 << 20
 RETRIABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _PARTIAL_SUFFIX = ".part"
-_BLOCKS_DIR = ".blocks"  # in the cache: blocks of files read by range (BlockFile)
+_BLOCKS_DIR = ".blocks"  # the names of blocks of files read by range (BlockFile), in memory
 DEFAULT_BLOCK_BYTES = 16 << 10
+# The most bytes one range request of blocks asks for: a run of missing blocks longer than this
+# is fetched in several requests (a reader waiting on its first block waits for one request).
+DEFAULT_REQUEST_BYTES = 1 << 20
+# Blocks read ahead (HubFileCache.read_ahead) and not read yet take at most this share of the
+# cache, so that what is fetched ahead cannot crowd out the blocks in use.
+READ_AHEAD_SHARE = 8
 
 
 def resolve_revision(
@@ -92,6 +99,8 @@ def _http_error() -> type[Exception]:
 class _Entry:
     size: int
     pins: int = 0
+    data: bytes | None = None  # a block kept in memory (no file in the cache folder)
+    ahead: bool = False  # a block read ahead that no reader has read yet
 
 
 class HubFileCache:
@@ -130,8 +139,15 @@ class HubFileCache:
         self.bytes_fetched = 0  # body bytes received, retries included
         self.peak_bytes = 0  # the most the cache folder held at once
         self.fetches: dict[str, int] = {}  # path -> times fetched
-        self.block_fetches: dict[str, int] = {}  # path -> blocks of it fetched (read_block)
+        self.block_fetches: dict[str, int] = {}  # path -> blocks of it fetched (read_blocks)
+        self.block_requests = 0  # range requests of blocks (on demand and read-ahead)
+        self.read_ahead_bytes = 0  # bytes of blocks fetched by read_ahead
+        self.request_bytes = DEFAULT_REQUEST_BYTES
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # LRU order, oldest first
+        self._used = 0  # the sizes of the entries (files and blocks), kept as they change
+        self._ahead = 0  # the sizes of the blocks read ahead and not read yet
+        # A read-ahead's refusal (404, 401, 403) of a file, handed to its next reader.
+        self._refused: dict[str, DatasetError] = {}
         self._lock = threading.Condition()
         self._loading: set[str] = set()
         self._sizes: dict[str, int] = {}
@@ -143,7 +159,13 @@ class HubFileCache:
     @property
     def used_bytes(self) -> int:
         with self._lock:
-            return sum(e.size for e in self._entries.values())
+            return self._used
+
+    @property
+    def ahead_bytes(self) -> int:
+        """Bytes of the blocks read ahead that no reader has read yet."""
+        with self._lock:
+            return self._ahead
 
     def local_path(self, path: str) -> Path:
         return self.root / path
@@ -170,7 +192,7 @@ class HubFileCache:
         with self._lock:
             self._entries.move_to_end(path)  # reserved (pinned once, for this caller) by _fetch
             self._loading.discard(path)
-            self.peak_bytes = max(self.peak_bytes, sum(e.size for e in self._entries.values()))
+            self.peak_bytes = max(self.peak_bytes, self._used)
             self._lock.notify_all()
         return self.local_path(path)
 
@@ -199,50 +221,145 @@ class HubFileCache:
             self.bytes_fetched += len(body)
         return body
 
-    def read_block(self, path: str, index: int, block_bytes: int, last: int | None = None) -> bytes:
-        """Block ``index`` (``block_bytes`` each, the last one shorter) of repository file
-        ``path``: kept in the cache (counted against the bound, evictable as soon as it is
-        read) so that readers of the same bytes fetch them once; concurrent callers of one block
-        wait for a single fetch. A missing block is fetched in one range request with the
-        missing blocks after it, up to block ``last`` (the rest of the caller's read)."""
+    def read_blocks(self, path: str, first: int, last: int, block_bytes: int) -> list[bytes]:
+        """Blocks ``first``..``last`` (``block_bytes`` each, the file's last one shorter) of
+        repository file ``path``. Blocks are kept in memory, counted against the bound and
+        evictable as soon as they are read, so that readers of the same bytes fetch them once;
+        the missing ones are fetched, each run of consecutive missing blocks in one range request
+        (:meth:`_fetch_blocks`); blocks another caller is fetching are waited for."""
+        got: dict[int, bytes] = {}
+        while len(got) <= last - first:
+            with self._lock:
+                refused = self._refused.pop(path, None)
+                if refused is not None:
+                    raise DatasetError(str(refused)) from refused
+                claimed, others = self._claim(path, first, last, block_bytes, got)
+                if not claimed:
+                    if others:
+                        self._lock.wait()
+                    continue
+            got.update(self._fetch_blocks(path, block_bytes, claimed))
+        return [got[i] for i in range(first, last + 1)]
 
-        def name(i: int) -> str:
-            return f"{_BLOCKS_DIR}/{block_bytes}/{path}/{i}"
-
+    def read_ahead(self, path: str, start: int, end: int, block_bytes: int) -> int:
+        """Fetch the missing blocks holding bytes ``start``..``end`` of ``path`` before a reader
+        asks for them (a reader asking meanwhile waits for them), in range requests of up to
+        :attr:`request_bytes`; blocks present or being fetched are skipped. It stops while the
+        blocks read ahead and not read yet fill ``1/READ_AHEAD_SHARE`` of the cache, and drops
+        what would not fit next to the pinned files (it never evicts a file in use). The bytes
+        it fetched."""
+        first = start // block_bytes
+        last = min(end, self.size(path) - 1) // block_bytes
+        per_request = max(1, self.request_bytes // block_bytes)
+        size = 0
+        # One request's blocks claimed at a time: a reader needing a later block meanwhile
+        # fetches it itself rather than wait for the whole range.
+        for piece in range(first, last + 1, per_request):
+            with self._lock:
+                if self._ahead + per_request * block_bytes > self.max_bytes // READ_AHEAD_SHARE:
+                    break  # enough read ahead and not read yet
+                claimed, _ = self._claim(
+                    path, piece, min(piece + per_request - 1, last), block_bytes, {}
+                )
+            fetched = self._fetch_blocks(path, block_bytes, claimed, optional=True)
+            size += sum(len(b) for b in fetched.values())
+            if len(fetched) < len(claimed):  # a failed request, or no room
+                break
         with self._lock:
-            while name(index) in self._loading:
-                self._lock.wait()
-            entry = self._entries.get(name(index))
-            if entry is not None:
-                entry.pins += 1
-                self._entries.move_to_end(name(index))
+            self.read_ahead_bytes += size
+        return size
+
+    def hand_over(self, path: str, error: Exception) -> None:
+        """A background reader's ``error`` on ``path``: a refusal (404, 401, 403) is raised to the
+        next caller of :meth:`read_blocks` of ``path``; anything else is dropped (that caller
+        fetches the bytes itself, with the retries)."""
+        if getattr(error, "http_status", None) is not None:
+            with self._lock:
+                self._refused[path] = error
+
+    @staticmethod
+    def _block_name(path: str, block_bytes: int, index: int) -> str:
+        return f"{_BLOCKS_DIR}/{block_bytes}/{path}/{index}"
+
+    def _claim(
+        self, path: str, first: int, last: int, block_bytes: int, got: dict[int, bytes]
+    ) -> tuple[list[int], bool]:
+        """Under the lock: blocks ``first``..``last`` of ``path`` not in ``got``: those in
+        memory added to ``got``, the missing ones marked as being fetched (by the caller) and
+        returned, and whether some are being fetched by another caller."""
+        claimed: list[int] = []
+        others = False
+        for i in range(first, last + 1):
+            if i in got:
+                continue
+            name = self._block_name(path, block_bytes, i)
+            entry = self._entries.get(name)
+            if entry is not None and entry.data is not None:
+                got[i] = entry.data
+                self._entries.move_to_end(name)
+                if entry.ahead:
+                    entry.ahead = False
+                    self._ahead -= entry.size
+            elif name in self._loading:
+                others = True
             else:
-                run = [index]
-                for i in range(index + 1, (last if last is not None else index) + 1):
-                    if name(i) in self._entries or name(i) in self._loading:
-                        break
-                    run.append(i)
-                self._loading.update(name(i) for i in run)
-        if entry is not None:
-            try:
-                return self.local_path(name(index)).read_bytes()
-            finally:
-                self.release(name(index))
+                self._loading.add(name)
+                claimed.append(i)
+        return claimed, others
+
+    def _fetch_blocks(
+        self, path: str, block_bytes: int, claimed: list[int], *, optional: bool = False
+    ) -> dict[int, bytes]:
+        """Fetch the ``claimed`` blocks of ``path`` (marked as being fetched: unmarked here,
+        whatever happens): each run of consecutive ones in range requests of up to
+        :attr:`request_bytes` (each with :meth:`_request`'s retries and length check), kept in
+        memory. ``optional`` (read-ahead): a block is dropped rather than evict a pinned file,
+        and a failed request ends the fetch without raising: after its retries, a reader fetches
+        the blocks again; a refusal (404, 401, 403) is raised to the file's next reader."""
+        per_request = max(1, self.request_bytes // block_bytes)
+        runs: list[list[int]] = []
+        for i in claimed:
+            if runs and i == runs[-1][-1] + 1 and len(runs[-1]) < per_request:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        size = self.size(path)
+        got: dict[int, bytes] = {}
         try:
-            start = index * block_bytes
-            end = min((run[-1] + 1) * block_bytes, self.size(path)) - 1
-            body = self.read_range(path, start, end)
-            for i in run:
-                block = body[(i - index) * block_bytes : (i - index + 1) * block_bytes]
-                self.store(name(i), block)
-                self.release(name(i))
+            for run in runs:
+                start = run[0] * block_bytes
+                end = min((run[-1] + 1) * block_bytes, size) - 1
+                try:
+                    body = self.read_range(path, start, end)
+                except DatasetError as exc:
+                    if not optional:
+                        raise
+                    log.warning("%s: reading ahead bytes %d-%d failed: %s", path, start, end, exc)
+                    self.hand_over(path, exc)
+                    return got
+                with self._lock:
+                    self.block_requests += 1
+                    self.block_fetches[path] = self.block_fetches.get(path, 0) + len(run)
+                for k, i in enumerate(run):
+                    block = body[k * block_bytes : (k + 1) * block_bytes]
+                    got[i] = block
+                    self._keep_block(self._block_name(path, block_bytes, i), block, optional)
         finally:
             with self._lock:
-                self._loading.difference_update(name(i) for i in run)
+                self._loading.difference_update(
+                    self._block_name(path, block_bytes, i) for i in claimed
+                )
                 self._lock.notify_all()
+        return got
+
+    def _keep_block(self, name: str, data: bytes, optional: bool) -> None:
+        if not self._make_room(name, len(data), optional=optional):
+            return
         with self._lock:
-            self.block_fetches[path] = self.block_fetches.get(path, 0) + len(run)
-        return body[:block_bytes]
+            entry = self._entries[name]
+            entry.data, entry.pins, entry.ahead = data, 0, optional
+            self._ahead += entry.size if optional else 0
+            self.peak_bytes = max(self.peak_bytes, self._used)
 
     def store(self, name: str, data: bytes) -> Path:
         """Keep ``data`` (made from repository files, e.g. an episode's rows) in the cache as
@@ -256,35 +373,56 @@ class HubFileCache:
             os.replace(partial, target)
         except BaseException:
             with self._lock:
-                self._entries.pop(name, None)
+                self._drop(name)
             raise
         with self._lock:
-            self.peak_bytes = max(self.peak_bytes, sum(e.size for e in self._entries.values()))
+            self.peak_bytes = max(self.peak_bytes, self._used)
         return target
 
-    def _evict_unpinned(self, size: int) -> int:
-        """Evict unpinned files, oldest first, until ``size`` more bytes fit; the bytes left."""
-        used = sum(e.size for e in self._entries.values())
-        for name in list(self._entries):
-            if used + size <= self.max_bytes:
-                break
-            entry = self._entries[name]
-            if entry.pins == 0:
-                self.local_path(name).unlink(missing_ok=True)
-                used -= entry.size
-                del self._entries[name]
-        return used
+    def _drop(self, name: str) -> None:
+        """Under the lock: forget entry ``name`` (its file removed, a block let go)."""
+        entry = self._entries.pop(name, None)
+        if entry is None:
+            return
+        self._used -= entry.size
+        if entry.ahead:
+            self._ahead -= entry.size
+        if entry.data is None:
+            self.local_path(name).unlink(missing_ok=True)
 
-    def _make_room(self, path: str, size: int) -> None:
-        """Evict unpinned files (oldest first) until ``size`` more bytes fit; DatasetError when
-        the pinned files leave no room. Reserves the room by recording ``path``'s size."""
+    def _evict_unpinned(self, size: int) -> int:
+        """Evict unpinned entries, oldest first, until ``size`` more bytes fit; the bytes left."""
+        if self._used + size <= self.max_bytes:
+            return self._used
+        victims, freed = [], 0
+        for name, entry in self._entries.items():
+            if self._used - freed + size <= self.max_bytes:
+                break
+            if entry.pins == 0:
+                victims.append(name)
+                freed += entry.size
+        for name in victims:
+            self._drop(name)
+        return self._used
+
+    def _make_room(self, path: str, size: int, *, optional: bool = False) -> bool:
+        """Evict unpinned entries (oldest first) until ``size`` more bytes fit, and reserve the
+        room by recording ``path``'s size (pinned once). When the pinned files leave no room:
+        False if ``optional``, else DatasetError (after the reader's ``on_full`` could not
+        free any)."""
         while True:
             with self._lock:
+                old = self._entries.pop(path, None)  # rewritten (a reopened group's rows)
+                if old is not None:
+                    self._used -= old.size
                 used = self._evict_unpinned(size)
                 if used + size <= self.max_bytes:
                     # Held as pinned while it downloads, so that no other fetch takes its room.
                     self._entries[path] = _Entry(size=size, pins=1)
-                    return
+                    self._used += size
+                    return True
+                if optional:
+                    return False
                 pinned = [n for n, e in self._entries.items() if e.pins]
             # Outside the lock: the reader's callback takes its own lock, then releases files.
             if self.on_full is None or not self.on_full():
@@ -312,9 +450,11 @@ class HubFileCache:
             404: "not found in the repository at this commit: the metadata references a "
             "missing file, or the revision is wrong",
         }.get(status, f"HTTP {status}")
-        return DatasetError(
+        error = DatasetError(
             f"{self.repo_id}@{self.revision[:12]}: {path}: {what} ({detail.strip()[:200]})"
         )
+        error.http_status = status  # a refusal, not worth retrying
+        return error
 
     def _request(self, path: str, start: int | None, end: int | None):
         """One GET (or HEAD when ``start`` is None) with retries; the response of a success."""
@@ -391,7 +531,7 @@ class HubFileCache:
         except BaseException:
             partial.unlink(missing_ok=True)
             with self._lock:
-                self._entries.pop(path, None)
+                self._drop(path)
             raise
         with self._lock:
             self.fetches[path] = self.fetches.get(path, 0) + 1
@@ -440,7 +580,7 @@ class RemoteFile(_RemoteFileBase):
 
 
 class BlockFile(_RemoteFileBase):
-    """A file over :meth:`HubFileCache.read_block` blocks: what a video decoder reads instead of
+    """A file over :meth:`HubFileCache.read_blocks` blocks: what a video decoder reads instead of
     a local copy, so that it fetches the container's index and the blocks of the frames it
     decodes, not the whole file. A read fills the buffer whole (up to the end of the file), its
     missing blocks fetched in one request."""
@@ -454,15 +594,17 @@ class BlockFile(_RemoteFileBase):
     def readinto(self, buffer) -> int:
         view = memoryview(buffer).cast("B")
         n = max(0, min(len(view), self.size - self._pos))
+        if not n:
+            return 0
+        first, skip = divmod(self._pos, self.block_bytes)
+        last = (self._pos + n - 1) // self.block_bytes
         done = 0
-        while done < n:
-            index, skip = divmod(self._pos, self.block_bytes)
-            last = (self._pos + n - done - 1) // self.block_bytes
-            block = self.cache.read_block(self.path, index, self.block_bytes, last)
+        for block in self.cache.read_blocks(self.path, first, last, self.block_bytes):
             take = min(n - done, len(block) - skip)
             view[done : done + take] = block[skip : skip + take]
             done += take
-            self._pos += take
+            skip = 0
+        self._pos += done
         return done
 
 

@@ -83,6 +83,9 @@ class BatchPrefetcher:
         self._finish_on_device = self._cameras and on_gpu and not raw_cameras
         self._pin = self._raw and on_gpu
         self._prefetch = prefetch or 2 * num_workers
+        self._read_ahead = (
+            getattr(dataset, "read_ahead_rows", None) if hasattr(sampler, "rows_ahead") else None
+        )
         self._start = sampler.samples_consumed
         self._handed = 0
         self._claimed = 0
@@ -103,6 +106,8 @@ class BatchPrefetcher:
         carries each sample's key as ``sample_key`` (int64), for per-sample randomness."""
         faults.fault_point("data:load_batch")  # a slow loader, for the tests (a no-op unset)
         keys = sample_keys(sampler.seed, sampler.next_positions())
+        if self._read_ahead is not None:  # a streaming dataset: the rows it will be asked for
+            self._read_ahead(sampler.rows_ahead())
         indices = sampler.next_indices()
         if not self._cameras:
             batch = self.dataset.get_batch(indices)

@@ -190,6 +190,15 @@ class StreamSampler:
         start = self.samples_consumed + self.dp_rank * self.batch_size
         return np.arange(start, start + self.batch_size, dtype=np.int64)
 
+    def rows_ahead(self, count: int | None = None) -> np.ndarray:
+        """The row positions of this rank's next ``count`` samples (default: a shuffle buffer's
+        worth) that belong to the epoch of the next one, in reading order, without advancing:
+        what a streaming dataset may fetch ahead (not the next epoch's, which another rank
+        may read first on another world)."""
+        local = self._local(self.samples_consumed)
+        rows, epochs = self.draws(self.dp_rank, local, local + (count or self.shuffle_buffer))
+        return rows[epochs == epochs[0]] if len(rows) else rows
+
     def next_indices(self) -> np.ndarray:
         local = self._local(self.samples_consumed)
         rows, _ = self.draws(self.dp_rank, local, local + self.batch_size)

@@ -18,7 +18,9 @@ the sampler's business (:mod:`lerobot_pipe.datasets.stream_sampler`).
 
 from __future__ import annotations
 
+import logging
 import os
+import queue
 import shutil
 import threading
 from collections import OrderedDict
@@ -48,7 +50,10 @@ from lerobot_pipe.datasets.lerobot_dataset import (
     _read_episodes,
     read_metadata,
 )
+from lerobot_pipe.datasets.mp4_index import frame_ranges
 from lerobot_pipe.datasets.transforms import ImageTransforms
+
+log = logging.getLogger(__name__)
 
 META_PATTERNS = ["meta/**"]
 DEFAULT_CACHE_MB = 2048  # --dataset.streaming_cache_mb's default
@@ -61,6 +66,8 @@ _FILES_DIR = "files"
 _ROWS_DIR = ".rows"  # in the file cache: each open group's rows of its data file
 _VIEWS_DIR = "views"
 _META_DIR = "meta"
+# Episodes whose read-ahead was asked for recently: not asked for again while they are here.
+_READ_AHEAD_MEMORY = 1024
 
 
 def fetch_metadata(
@@ -132,7 +139,11 @@ class StreamingLeRobotDataset:
     ``revision`` is a branch, tag or commit; :attr:`revision` is the commit sha it resolved to.
     With ``video_ranges`` (the default) the decoders read each video file through a
     :class:`BlockFile` (its index and the ``block_bytes`` blocks of the frames decoded, fetched
-    once into the cache); without, each video file is fetched whole when first needed.
+    once into the cache); without, each video file is fetched whole when first needed. With
+    ``read_ahead`` (the default; only with ``video_ranges``), the first batch that reads an
+    episode has a background thread fetch the bytes of all its frames of every camera (located
+    in the container's sample tables, :func:`frame_ranges`) in a few large range requests, so
+    that its decoders find the blocks in memory instead of fetching them read by read.
     The other arguments are :class:`LeRobotDataset`'s.
     """
 
@@ -155,6 +166,7 @@ class StreamingLeRobotDataset:
         open_groups: int = DEFAULT_OPEN_GROUPS,
         video_ranges: bool = True,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
+        read_ahead: bool = True,
     ) -> None:
         self.repo_id = repo_id
         self.video_ranges = video_ranges
@@ -192,6 +204,9 @@ class StreamingLeRobotDataset:
         self._lock = threading.Condition(threading.RLock())
         self._opening: set[int] = set()  # groups being opened (outside the lock)
         self._parquet_meta: dict[str, pq.FileMetaData] = {}
+        self._read_ahead = _Background() if video_ranges and read_ahead else None
+        self._read_ahead_asked: OrderedDict[int, None] = OrderedDict()
+        self._frame_ranges: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
         shutil.rmtree(self.cache_dir / _VIEWS_DIR, ignore_errors=True)
 
     def _read_episode_table(self) -> None:
@@ -303,6 +318,8 @@ class StreamingLeRobotDataset:
         position = np.searchsorted(starts, idx, side="right") - 1
         local = idx - starts[position] + self._group_offset[position]
         group = self._episode_group[position]
+        if self._read_ahead is not None:
+            self._ask_read_ahead(np.unique(position).tolist())
         parts: list[tuple[np.ndarray, dict[str, Any]]] = []
         for g in np.unique(group).tolist():
             where = np.flatnonzero(group == g)
@@ -438,10 +455,62 @@ class StreamingLeRobotDataset:
             raise
         return dataset, acquired
 
+    def read_ahead_rows(self, rows: np.ndarray) -> None:
+        """Rows the stream will ask for next, in reading order (the sampler's
+        :meth:`~lerobot_pipe.datasets.stream_sampler.StreamSampler.rows_ahead`, handed over by
+        the prefetcher): their episodes' frames are read ahead, the soonest needed first."""
+        if self._read_ahead is None or not len(rows):
+            return
+        starts, _ = self._episode_bounds
+        position = np.searchsorted(starts, np.asarray(rows, np.int64), side="right") - 1
+        unique, first = np.unique(position, return_index=True)
+        self._ask_read_ahead(unique[np.argsort(first)].tolist())
+
+    def _ask_read_ahead(self, positions: list[int]) -> None:
+        """Have the background thread fetch the frames of the episodes at ``positions`` not
+        asked for recently."""
+        with self._lock:
+            new = [p for p in positions if p not in self._read_ahead_asked]
+            for p in positions:
+                self._read_ahead_asked[p] = None
+                self._read_ahead_asked.move_to_end(p)
+            while len(self._read_ahead_asked) > _READ_AHEAD_MEMORY:
+                self._read_ahead_asked.popitem(last=False)
+        for pos in new:
+            self._read_ahead.submit(lambda pos=pos: self._read_episode_ahead(pos))
+
+    def _read_episode_ahead(self, pos: int) -> None:
+        """Fetch the bytes of the frames of the episode at position ``pos`` in each of its
+        video files (in the background thread)."""
+        starts, ends = self._episode_bounds
+        length = int(ends[pos] - starts[pos])
+        for key, path in zip(self.video_keys, self._files_at(pos)[1:], strict=True):
+            try:
+                if path not in self._frame_ranges:
+                    self._frame_ranges[path] = frame_ranges(self._block_file_of(path))
+                index = self._frame_ranges[path]
+                column = f"videos/{key}/from_timestamp"
+                if index is None or column not in self._table:
+                    continue
+                offsets, sizes = index
+                first = int(round(float(self._table[column][pos]) * self.fps))
+                last = min(first + length, len(offsets))
+                if first >= last:
+                    continue
+                start = int(offsets[first:last].min())
+                end = int((offsets[first:last] + sizes[first:last]).max()) - 1
+                self.files.read_ahead(path, start, end, self.block_bytes)
+            except DatasetError as exc:
+                log.warning("%s: reading ahead failed: %s", path, exc)
+                self.files.hand_over(path, exc)
+
+    def _block_file_of(self, path: str) -> BlockFile:
+        return BlockFile(self.files, path, self.block_bytes)
+
     def _block_file(self, local: Path) -> BlockFile:
         """The file object a decoder reads view file ``local`` (a video file) from."""
         path = local.relative_to(self.cache_dir / _VIEWS_DIR).as_posix().split("/", 1)[1]
-        return BlockFile(self.files, path, self.block_bytes)
+        return self._block_file_of(path)
 
     def _episode_rows(self, group: int, path: str, episodes: list[int]) -> tuple[Path, str]:
         """The rows of ``episodes`` of data file ``path``, read over HTTP ranges (the footer and
@@ -486,11 +555,64 @@ class StreamingLeRobotDataset:
             self.files.release(path)
         shutil.rmtree(self.cache_dir / _VIEWS_DIR / f"group-{group}", ignore_errors=True)
 
+    def wait_read_ahead(self, timeout_s: float = 60.0) -> None:
+        """Return once every read-ahead asked for so far has ended."""
+        if self._read_ahead is not None:
+            self._read_ahead.drain(timeout_s)
+
     def close(self) -> None:
-        """Close every open file group (their files become evictable)."""
+        """Stop the read-ahead and close every open file group (their files become evictable)."""
+        if self._read_ahead is not None:
+            self._read_ahead.close()
         with self._lock:
             for group in list(self._open):
                 self._close_group(group)
+
+
+class _Background:
+    """One daemon thread running submitted calls in order (the read-ahead): a call's failure
+    is logged, not raised (the reader that needs the bytes fetches them itself, with the
+    cache's retries, and fails naming the file). Started on first use in each process."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._start_lock = threading.Lock()
+
+    def submit(self, call) -> None:
+        with self._start_lock:
+            if self._thread is None or self._pid != os.getpid():
+                self._queue = queue.SimpleQueue()
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, args=(self._queue,), daemon=True)
+                self._thread.start()
+            self._queue.put(call)
+
+    @staticmethod
+    def _run(calls: queue.SimpleQueue) -> None:
+        while (call := calls.get()) is not None:
+            try:
+                call()
+            except Exception as exc:
+                log.warning("streaming read-ahead failed (the reader fetches the bytes): %s", exc)
+
+    def drain(self, timeout_s: float) -> None:
+        """Return once the calls submitted so far have run."""
+        done = threading.Event()
+        with self._start_lock:
+            if self._thread is None or self._pid != os.getpid():
+                return
+            self._queue.put(done.set)
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"the read-ahead did not finish within {timeout_s} s")
+
+    def close(self) -> None:
+        with self._start_lock:
+            thread, self._thread = self._thread, None
+            if thread is not None and self._pid == os.getpid():
+                self._queue.put(None)
+                thread.join(timeout=30)
 
 
 def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], size: int) -> dict[str, Any]:

@@ -41,6 +41,7 @@ class MakeDatasetOptions:
     image_size: int = 64  # square side of the camera frames, in pixels
     camera_dtype: str = "video"  # video (AV1 mp4, LeRobot's encoding) or image (PNG in parquet)
     pixels_only: bool = False  # leave out observation.environment_state (the goal)
+    num_tasks: int = 1  # task strings (1 to 4), given to the episodes in turn
     overwrite: bool = False  # replace a folder holding anything else
 
 

@@ -11,6 +11,7 @@ import logging
 import math
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from lerobot_pipe.configs.optim import (
@@ -29,17 +30,35 @@ from lerobot_pipe.configs.parser import ConfigError
 log = logging.getLogger(__name__)
 
 
-def make_optimizer(param_groups: list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """``param_groups`` as ``policy.get_optim_params()`` returns them (a group's own ``lr`` wins)."""
+# How torch's optimizers run, not what they compute: a loaded state keeps this run's choice
+# (a checkpoint written by LeRobot, or by a run on another device, must not switch them).
+IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
+
+
+def make_optimizer(
+    param_groups: list[dict], cfg: OptimizerConfig, *, fused: bool = True
+) -> torch.optim.Optimizer:
+    """``param_groups`` as ``policy.get_optim_params()`` returns them (a group's own ``lr`` wins).
+
+    Adam and AdamW use torch's fused kernel wherever torch has one for the parameters (CPU and
+    CUDA, floating dtypes, DTensors too): one pass over each parameter instead of ~10 elementwise
+    ops each (LeRobot builds them with torch's default, the per-tensor loop on CPU). The update
+    is the same formula; its last bits may differ from the loop's. A group that mixes DTensors
+    with plain tensors (modules FSDP2 ignores) keeps the loop: the fused op takes one kind.
+    ``fused=False`` keeps it everywhere: the fp16 grad scaler (FSDP2's ShardedGradScaler hands
+    the fused kernel a ``found_inf`` of shape (1,) that it cannot subtract from its step counts).
+    Measured in docs/benchmarks.md §9 ("The optimizer step")."""
     if isinstance(cfg, AdamWConfig | AdamConfig):
         cls = torch.optim.AdamW if isinstance(cfg, AdamWConfig) else torch.optim.Adam
-        return cls(
-            param_groups,
-            lr=cfg.lr,
-            betas=tuple(cfg.betas),
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-        )
+        groups = _materialized(param_groups)
+        kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+        if not fused:
+            return cls(groups, **kwargs)
+        try:
+            return cls(groups, fused=True, **kwargs)
+        except RuntimeError as e:  # a device or dtype without a fused kernel
+            log.info("%s without torch's fused kernel: %s", cls.__name__, e)
+            return cls(groups, **kwargs)
     if isinstance(cfg, SGDConfig):
         return torch.optim.SGD(
             param_groups,
@@ -50,6 +69,50 @@ def make_optimizer(param_groups: list[dict], cfg: OptimizerConfig) -> torch.opti
             weight_decay=cfg.weight_decay,
         )
     raise ConfigError(f"--optimizer.type={cfg.type}: not supported")
+
+
+def _materialized(param_groups) -> list[dict]:
+    """Groups as lists (a second constructor call sees them again), each fused only where its
+    parameters are all DTensors or all plain tensors."""
+    groups = list(param_groups)
+    if groups and not isinstance(groups[0], dict):
+        groups = [{"params": groups}]
+    out = []
+    for group in groups:
+        params = list(group["params"])
+        uniform = len({isinstance(p, DTensor) for p in params}) <= 1
+        out.append({**group, "params": params, **({} if uniform else {"fused": False})})
+    return out
+
+
+# torch's defaults of IMPLEMENTATION_KEYS: what LeRobot's optimizer_param_groups.json holds (its
+# loader refuses a value of another type, e.g. ``"fused": true`` where it has null).
+_TORCH_DEFAULTS = {"foreach": None, "fused": None, "capturable": False, "differentiable": False}
+
+
+def as_torch_defaults(param_groups: list[dict] | None) -> list[dict] | None:
+    """Saved param groups with torch's default implementation keys (the file LeRobot writes);
+    a resume here gives them back this run's (:func:`keep_implementation`)."""
+    if param_groups is None:
+        return None
+    return [{**g, **{k: v for k, v in _TORCH_DEFAULTS.items() if k in g}} for g in param_groups]
+
+
+def keep_implementation(optimizer: torch.optim.Optimizer, load) -> None:
+    """Run ``load()`` (which loads a saved state into ``optimizer``), then give every group back
+    this optimizer's IMPLEMENTATION_KEYS, with the step counters where a fused or capturable
+    kernel wants them (float32, on the parameter's device; torch moves them only when the saved
+    groups say fused)."""
+    chosen = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
+    load()
+    for group, flags in zip(optimizer.param_groups, chosen, strict=True):
+        group.update(flags)
+        if not (flags.get("fused") or flags.get("capturable")):
+            continue
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if state and torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(dtype=torch.float32, device=p.device)
 
 
 def _constant_with_warmup(warmup: int):

@@ -583,9 +583,10 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     # (taken after materializing, whose to_empty gives unsharded parameters new objects).
     ignored = sharding.ignored_parameters(trainee) if sharding is not None else []
     # Groups from the (in place sharded) policy itself: LeRobot's grouping and parameter order.
-    optimizer = make_optimizer(trainee.get_optim_params(), cfg.optimizer)
+    scaled = cfg.accelerator.mixed_precision == "fp16"
+    optimizer = make_optimizer(trainee.get_optim_params(), cfg.optimizer, fused=not scaled)
     scheduler = make_scheduler(optimizer, cfg.scheduler, cfg.steps)
-    scaler = make_grad_scaler(env.device, dims, enabled=cfg.accelerator.mixed_precision == "fp16")
+    scaler = make_grad_scaler(env.device, dims, enabled=scaled)
     seed_everything(cfg.seed + env.rank)
 
     state = TrainState.build(

@@ -17,6 +17,8 @@ from lerobot_pipe.distributed.activation_checkpointing import (
 )
 from lerobot_pipe.training.preflight import parse_train_config, validate_config
 
+pytestmark = pytest.mark.torch_range
+
 
 def test_mode_is_written_only_when_set_and_checked_before_launch():
     cfg, _ = parse_train_config(["--policy.type=act"])

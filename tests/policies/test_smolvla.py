@@ -71,8 +71,11 @@ def test_config_checks_features():
 def test_synthetic_dataset_with_several_tasks(tmp_path):
     from lerobot_pipe.datasets import LeRobotDataset, write_synthetic_dataset
     from lerobot_pipe.datasets.synthetic import TASKS
+    from lerobot_pipe.scripts.cli import main
 
-    root = write_synthetic_dataset(tmp_path / "ds", num_episodes=3, episode_length=4, num_tasks=2)
+    root = tmp_path / "ds"
+    flags = ["--num_episodes=3", "--episode_length=4", "--num_tasks=2"]
+    assert main(["make-dataset", f"--root={root}", *flags]) == 0
     ds = LeRobotDataset(root)
     batch = ds.get_batch([0, 4, 8])
     assert batch["task"] == [TASKS[0], TASKS[1], TASKS[0]]

@@ -332,3 +332,76 @@ def test_two_ranks_read_about_their_share_of_one_packed_mp4(hub_repo, tmp_path):
     # Measured: 0.56 of the file each, 1.13 together (whole files: 2.0).
     assert all(f < 0.7 * mp4.stat().st_size for f in fetched)
     assert sum(fetched) < 1.25 * mp4.stat().st_size
+
+
+def _episode_rows(dataset, episode: int) -> np.ndarray:
+    return np.flatnonzero(dataset.episode_index == episode)
+
+
+def test_the_mp4_sample_tables_give_each_frame_where_the_demuxer_finds_it(camera_root, tmp_path):
+    import av
+
+    from lerobot_pipe.datasets.mp4_index import frame_ranges
+
+    for path in sorted(camera_root.rglob("*.mp4"))[:3]:
+        with open(path, "rb") as f:
+            offsets, sizes = frame_ranges(f)
+        with av.open(str(path)) as container:
+            packets = [
+                (p.pos, p.size) for p in container.demux(container.streams.video[0]) if p.size
+            ]
+        assert offsets.tolist() == [p[0] for p in packets]
+        assert sizes.tolist() == [p[1] for p in packets]
+    (tmp_path / "not.mp4").write_bytes(b"\0\0\0\x10nope" + bytes(100))
+    with open(tmp_path / "not.mp4", "rb") as f:
+        assert frame_ranges(f) is None
+
+
+def test_read_ahead_fetches_an_episode_in_coalesced_requests_retried_under_faults(
+    hub_repo, map_style, tmp_path
+):
+    """Read-ahead's range requests (several blocks each) meet a body cut short, a dropped
+    connection and a 503: each is retried, and the samples then read from the blocks it fetched
+    are the map-style ones; the decoders find the episode's frames in memory."""
+    dataset = _stream(hub_repo, tmp_path / "cache", block_bytes=1024)
+    dataset.files.request_bytes = 4096  # 4 blocks a request: several requests per episode
+    dataset.files.backoff_s = 0.01
+    rows = _episode_rows(dataset, 3)
+    for fault in ({"truncate": True}, {"status": 0}, {"status": 503}):
+        hub_repo.inject_fault(r"/resolve/[0-9a-f]+/videos/", method="GET", **fault)
+    try:
+        dataset.read_ahead_rows(rows)
+        dataset.wait_read_ahead()
+        assert hub_repo.pending_faults == 0  # every fault met by the read-ahead, and retried
+        assert dataset.files.read_ahead_bytes > 0
+        requests = dataset.files.block_requests
+        # The blocks of both cameras' frames in requests of up to 4 blocks (plus the index).
+        assert requests <= 2 + -(-dataset.files.read_ahead_bytes // 4096) + 2
+        hub_repo.clear_requests()
+        assert_same_samples(map_style.get_batch(rows), dataset.get_batch(rows))
+        decoder_gets = [q for q in hub_repo.requests if "/videos/" in q.path and q.method == "GET"]
+        assert len(decoder_gets) <= 4  # at most the decoder's reads past the episode's frames
+    finally:
+        hub_repo.clear_faults()
+        dataset.close()
+
+
+def test_read_ahead_stays_within_its_share_of_the_cap(hub_repo, map_style, camera_root, tmp_path):
+    from lerobot_pipe.datasets.hub_files import READ_AHEAD_SHARE
+
+    files = [p for p in camera_root.rglob("*") if p.is_file() and "meta" not in p.parts]
+    cap = sum(p.stat().st_size for p in files) // 2
+    dataset = _stream(hub_repo, tmp_path / "cache", cache_mb=cap / 2**20, block_bytes=1024)
+    dataset.files.request_bytes = 2048
+    rows = np.arange(len(dataset))
+    dataset.read_ahead_rows(rows)  # every episode asked for at once: more than the share
+    dataset.wait_read_ahead()
+    budget = dataset.files.max_bytes // READ_AHEAD_SHARE
+    assert 0 < dataset.files.read_ahead_bytes <= budget
+    assert dataset.files.ahead_bytes <= budget and dataset.files.peak_bytes <= cap
+    for start, end in zip(*map_style.episode_bounds, strict=True):
+        rows = np.arange(start, end)
+        assert_same_samples(map_style.get_batch(rows), dataset.get_batch(rows))
+    dataset.wait_read_ahead()
+    assert dataset.files.peak_bytes <= cap
+    dataset.close()

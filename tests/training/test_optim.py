@@ -74,3 +74,54 @@ def test_optimizer_takes_the_config_and_each_groups_own_lr(config, cls, expected
     first, second = optimizer.param_groups
     assert {k: first[k] for k in expected} == expected
     assert {k: second[k] for k in expected} == {**expected, "lr": 1e-5}
+
+
+def _params_with_grads(seed: int) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(n, generator=g)) for n in (1000, 37, 5)]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+    return params
+
+
+@pytest.mark.torch_range
+@pytest.mark.parametrize("config", [AdamWConfig(lr=1e-2, weight_decay=0.1), AdamConfig(lr=1e-2)])
+def test_adam_runs_torchs_fused_kernel_and_updates_as_the_loop(config):
+    """On CPU Adam/AdamW get torch's fused kernel (docs/benchmarks.md §9: the per-tensor loop,
+    torch's CPU default and LeRobot's, took ~15 % of an ACT step); the same updates as the loop
+    within float rounding."""
+    fused_params, loop_params = _params_with_grads(0), _params_with_grads(0)
+    fused = make_optimizer([{"params": fused_params}], config)
+    cls = torch.optim.AdamW if isinstance(config, AdamWConfig) else torch.optim.Adam
+    loop = cls(loop_params, lr=config.lr, weight_decay=config.weight_decay)
+    assert fused.param_groups[0]["fused"] is True and not loop.param_groups[0]["fused"]
+    for step in range(5):
+        for a, b in zip(fused_params, loop_params, strict=True):
+            b.grad.copy_(a.grad.mul_(1.0 - 0.1 * step))
+        fused.step()
+        loop.step()
+    for a, b in zip(fused_params, loop_params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.torch_range
+def test_a_loaded_state_of_the_loop_keeps_this_runs_fused_kernel():
+    """A LeRobot checkpoint's optimizer_param_groups.json says ``"fused": null`` (torch's
+    default); loading it (torch takes the saved groups' keys) must not switch this run back to
+    the loop: the implementation keys are this optimizer's, the hyper-parameters the saved
+    ones, the step counters float32 as the fused kernel wants them."""
+    from lerobot_pipe.training.optim import keep_implementation
+
+    lerobots_params = _params_with_grads(1)
+    lerobots = torch.optim.AdamW(lerobots_params, lr=3e-3)
+    lerobots.step()
+    saved = lerobots.state_dict()
+    saved["param_groups"][0]["lr"] = 7e-4  # the lr a scheduler reached
+    assert saved["param_groups"][0]["fused"] is None
+
+    ours = make_optimizer([{"params": _params_with_grads(1)}], AdamWConfig(lr=1e-2))
+    keep_implementation(ours, lambda: ours.load_state_dict(saved))
+    group = ours.param_groups[0]
+    assert group["fused"] is True and group["lr"] == 7e-4
+    assert all(s["step"].dtype == torch.float32 for s in ours.state.values())
+    ours.step()  # and it runs
