@@ -402,33 +402,115 @@ class MetaBuild:
         return DeferredInit(self._recorder, self._state, self.refs(everything), real, loose)
 
 
+# safetensors' dtype names (its format spec) -> torch dtypes.
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+class _RowReader:
+    """Reads parts of the tensors of a safetensors file with plain ``pread`` calls: the rows
+    ``index[0]`` of a tensor (one contiguous byte range), then the rest of ``index`` in memory.
+    Not through a memory map (``safe_open``): the pages a map touches count in the process's
+    resident memory until it is closed, which is the whole of this rank's share of the file
+    on top of the shards it fills."""
+
+    def __init__(self, path: Path) -> None:
+        import json
+        import os
+        import struct
+
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(self._fd).st_size
+            (length,) = struct.unpack("<Q", os.pread(self._fd, 8, 0).ljust(8, b"\xff"))
+            if length > size - 8:
+                raise RuntimeError(f"cannot load {path}: not a safetensors file (header size)")
+            header = json.loads(os.pread(self._fd, length, 8))
+        except BaseException:
+            self.close()
+            raise
+        header.pop("__metadata__", None)
+        self._data = 8 + length
+        self.entries = header
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self.entries[key]["shape"])
+
+    def read(self, key: str, index: tuple[slice, ...]) -> Tensor:
+        import os
+
+        entry = self.entries[key]
+        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise RuntimeError(f"cannot load {self.path}: {key} has dtype {entry['dtype']}")
+        shape = tuple(entry["shape"])
+        begin, end = entry["data_offsets"]
+        row_elems = math.prod(shape[1:]) if shape else 1
+        first, stop = (index[0].start, index[0].stop) if shape else (0, 1)
+        row_bytes = row_elems * torch.empty((), dtype=dtype).element_size()
+        if end - begin != (shape[0] if shape else 1) * row_bytes:
+            raise RuntimeError(f"cannot load {self.path}: {key}'s byte range does not match")
+        out = torch.empty(((stop - first) * row_elems,), dtype=dtype)
+        view, offset = memoryview(out.view(torch.uint8).numpy()), 0
+        while offset < len(view):  # pread may return less than asked
+            at = self._data + begin + first * row_bytes + offset
+            got = os.preadv(self._fd, [view[offset:]], at)
+            if got <= 0:
+                raise RuntimeError(f"cannot load {self.path}: {key} is truncated")
+            offset += got
+        if not shape:
+            return out.reshape(())
+        part = out.view((stop - first, *shape[1:]))
+        return part[(slice(None), *index[1:])] if len(index) > 1 else part
+
+    def close(self) -> None:
+        import os
+
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 def safetensors_source(
     model_file: Path, names: dict[str, str]
 ) -> Callable[[str, Tensor, Callable], bool]:
     """A ``load`` for :meth:`DeferredInit.materialize`: each destination in ``names`` (model
-    name -> key in ``model_file``) read as this rank's part only (safetensors reads a slice of a
-    tensor without the rest). The keys read are collected in the function's ``loaded``."""
-    from safetensors import safe_open
+    name -> key in ``model_file``) read as this rank's part only (the rows it holds, read from
+    the file without the rest, :class:`_RowReader`). The keys read are collected in the
+    function's ``loaded``."""
     from torch.distributed.tensor import DTensor
 
-    handle = safe_open(str(model_file), framework="pt", device="cpu")
+    reader = _RowReader(Path(model_file))
 
     def load(name: str, dest: Tensor, local_index: Callable) -> bool:
         key = names.get(name)
         if key is None:
             return False
-        part = handle.get_slice(key)
-        shape = tuple(part.get_shape())
+        shape = reader.shape(key)
         if shape != tuple(dest.shape):
             raise RuntimeError(
                 f"cannot load {model_file}: {key} has shape {list(shape)}, the model's "
                 f"{name} {list(dest.shape)}"
             )
-        values = part[local_index(shape)] if shape else handle.get_tensor(key)
+        values = reader.read(key, local_index(shape))
         local = dest.to_local() if isinstance(dest, DTensor) else dest
         local.copy_(values)
         load.loaded.add(key)
         return True
 
     load.loaded = set()
+    load.close = reader.close
     return load

@@ -319,7 +319,11 @@ class MetaBuilt:
 
     def materialize(self, device: torch.device) -> None:
         """Every rank's shards (and the whole buffers) with the eager build's values."""
-        self.deferred.materialize(self.trainee, device, self.load)
+        try:
+            self.deferred.materialize(self.trainee, device, self.load)
+        finally:
+            if self.load is not None:
+                self.load.close()
         if self.load is not None and self.load.loaded != self.expected_keys:
             unread = sorted(self.expected_keys - self.load.loaded)
             raise RuntimeError(f"cannot load {self.model_file}: {unread[:5]} were not read")

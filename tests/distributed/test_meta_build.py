@@ -215,3 +215,40 @@ def test_policy_path_fine_tune_loads_shards_as_the_eager_build(
     curves = {name: losses(out) for name, (out, _) in runs.items()}
     for step in range(1, STEPS + 1):
         assert abs(curves["meta"][step] - curves["eager"][step]) < 1e-5, step
+
+
+def test_the_row_reader_reads_any_rows_of_any_tensor_without_a_memory_map(tmp_path):
+    """--policy.path's weights are read by row ranges with pread (a memory map's touched pages
+    would count in the rank's resident memory): every row range, and a column slice after it, of
+    each dtype and rank equals the tensor safetensors saved."""
+    import itertools
+
+    from safetensors.torch import save_file
+
+    from lerobot_pipe.distributed.meta_init import _RowReader
+
+    tensors = {
+        "w": torch.randn(7, 5, 3),
+        "half": torch.randn(4).to(torch.bfloat16),
+        "scalar": torch.tensor(3.5),
+        "ints": torch.arange(12, dtype=torch.int64).view(3, 4),
+        "empty": torch.randn(0, 3),
+    }
+    save_file(tensors, tmp_path / "model.safetensors")
+    reader = _RowReader(tmp_path / "model.safetensors")
+    try:
+        for key, t in tensors.items():
+            assert reader.shape(key) == tuple(t.shape)
+            if t.dim() == 0:
+                assert torch.equal(reader.read(key, ()), t)
+                continue
+            for a, b in itertools.combinations(range(t.shape[0] + 1), 2):
+                index = (slice(a, b), *(slice(0, n) for n in t.shape[1:]))
+                assert torch.equal(reader.read(key, index), t[index]), (key, a, b)
+        index = (slice(1, 7), slice(2, 4), slice(0, 3))
+        assert torch.equal(reader.read("w", index), tensors["w"][index])
+    finally:
+        reader.close()
+    (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(RuntimeError, match="not a safetensors file"):
+        _RowReader(tmp_path / "bad.safetensors")
