@@ -14,6 +14,7 @@ names another).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from lerobot_pipe.pipeline.train_job import descendants
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_PYTHON = "LEROBOT_UPSTREAM_PYTHON"
@@ -128,7 +131,12 @@ class Launched:
                 if done_at is None and finished is not None and finished():
                     done_at = now
                 if now > deadline or (done_at is not None and now - done_at > exit_grace):
+                    # torchrun's ranks may run in sessions of their own: kill them by descent.
+                    below = descendants(self.proc.pid)
                     os.killpg(self.proc.pid, signal.SIGKILL)
+                    for pid in below:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
                     self.proc.wait()
                     if done_at is not None:
                         self.out.write(
