@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest_hub import hub_server  # noqa: F401 - the local test Hub (function scope)
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lerobot_pipe.constants import DATASET_SYNTHETIC_PARAMS
 from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET, SmolVLAConfig
@@ -468,3 +469,84 @@ def test_data_parallel_matches_one_process(tiny_vlm, tmp_path, parallelism):
     assert one.keys() == two.keys() == {1, 2, 3}
     for step in one:
         assert abs(one[step] - two[step]) < 1e-5, (step, one[step], two[step])
+
+
+class _MatmulRows(TorchDispatchMode):
+    """Counts the multiply-adds of the matrix products run while it is active."""
+
+    count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.bmm.default):
+            self.count += args[0].numel() * args[1].shape[-1]
+        elif func is torch.ops.aten.addmm.default:
+            self.count += args[1].numel() * args[2].shape[-1]
+        return out
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"attention_mode": "self_attn", "num_expert_layers": 1},
+        {"attention_mode": "self_attn"},
+        {"train_expert_only": False},
+    ],
+    ids=["cross-and-joint", "a-layer-without-expert", "joint-only", "vlm-trained"],
+)
+def test_frozen_prefix_rows_skip_autograd_with_the_same_loss_and_gradients(
+    tiny_vlm, monkeypatch, overrides
+):
+    """With the VLM's text layers frozen, the prefix rows before the state token (frames and
+    task tokens, which never attend to it) run without autograd (vlm_expert.forward_joint's
+    split): the loss and every trainable parameter's gradient equal the joint computation's
+    (within float rounding; padded task tokens included), and the backward has fewer matrix
+    products. Where the VLM trains, nothing is split."""
+    from lerobot_pipe.policies.smolvla import SmolVLAPolicy
+    from lerobot_pipe.policies.smolvla.vlm_expert import SmolVLMWithExpert
+
+    torch.manual_seed(0)
+    policy = SmolVLAPolicy(
+        SmolVLAConfig.tiny(vlm_model_name=str(tiny_vlm), **FEATURES, **overrides)
+    )
+    policy.train()
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[1, 3:] = False  # padded task tokens: rows that attend to nothing
+    batch = {
+        "observation.images.top": torch.rand(3, 3, 32, 32),
+        "observation.state": torch.randn(3, 2),
+        "observation.language.tokens": torch.randint(0, 20, (3, 5)),
+        "observation.language.attention_mask": mask,
+        "action": torch.randn(3, 4, 2),
+    }
+    noise, t = torch.randn(3, 4, 8), torch.rand(3)
+    trainable = {n: p for n, p in policy.named_parameters() if p.requires_grad}
+
+    def loss_and_grads(split: bool):
+        if not split:
+            monkeypatch.setattr(SmolVLMWithExpert, "_splits", lambda *a: False)
+        policy.zero_grad(set_to_none=True)
+        loss, _ = policy.forward(batch, noise=noise, time=t)
+        with _MatmulRows() as rows:
+            loss.backward()
+        monkeypatch.undo()
+        grads = {n: p.grad.clone() for n, p in trainable.items() if p.grad is not None}
+        return loss.detach(), grads, rows.count
+
+    calls = []
+    original = SmolVLMWithExpert._forward_joint_split
+    monkeypatch.setattr(
+        SmolVLMWithExpert,
+        "_forward_joint_split",
+        lambda self, *a: calls.append(1) or original(self, *a),
+    )
+    split_loss, split_grads, split_rows = loss_and_grads(True)
+    assert bool(calls) == overrides.get("train_expert_only", True)
+    joint_loss, joint_grads, joint_rows = loss_and_grads(False)
+    # The backward's matrix products over fewer rows where split (the same where not).
+    assert (split_rows < joint_rows) == bool(calls), (split_rows, joint_rows)
+    torch.testing.assert_close(split_loss, joint_loss, rtol=1e-6, atol=1e-7)
+    assert split_grads.keys() == joint_grads.keys() and "model.state_proj.weight" in split_grads
+    for name, grad in joint_grads.items():
+        torch.testing.assert_close(split_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)

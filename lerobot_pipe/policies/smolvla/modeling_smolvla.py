@@ -110,6 +110,7 @@ class VLAFlowMatching(nn.Module):
         self.action_time_mlp_out = nn.Linear(expert, expert)
         self.state_proj.requires_grad_(config.train_state_proj)
         self._image_tokens: tuple[list[int], list[int]] | None = None
+        self._state_row: int | None = None  # set by embed_prefix
         if config.add_image_special_tokens:
             tok = load_tokenizer(config.vlm_model_name)
             # Before each frame: <fake_token_around_image><global-img>; after: the fake token.
@@ -155,6 +156,8 @@ class VLAFlowMatching(nn.Module):
                 add(end, torch.ones(end.shape[:2], dtype=torch.bool, device=image.device), 0)
         words = vlm.embed_tokens(tokens)
         add(words * math.sqrt(words.shape[-1]), token_mask, 0)
+        # Where the state token stands: the rows before it form a block that never attends to it.
+        self._state_row = sum(part.shape[1] for part in parts)
         state_emb = self.state_proj(state.to(self.state_proj.weight.dtype))
         if state_emb.dim() == 2:
             state_emb = state_emb[:, None]
@@ -214,7 +217,9 @@ class VLAFlowMatching(nn.Module):
         pad = torch.cat([prefix_pad, suffix_pad], dim=1)
         mask = attention_2d(pad, torch.cat([prefix_block, suffix_block], dim=1))
         positions = torch.cumsum(pad, dim=1) - 1
-        out = self.vlm_with_expert.forward_joint(prefix, suffix, mask, positions)
+        # The state token starts the prefix's second block (frames and task tokens: the first).
+        first_live = self._state_row
+        out = self.vlm_with_expert.forward_joint(prefix, suffix, mask, positions, first_live)
         velocity = self._velocity(out[:, -self.config.chunk_size :])
         return F.mse_loss(noise - actions, velocity, reduction="none")
 

@@ -305,12 +305,26 @@ class SmolVLMWithExpert(nn.Module):
     # --- the two entry points ---------------------------------------------------------------
 
     def forward_joint(
-        self, prefix: Tensor, suffix: Tensor, mask: Tensor, positions: Tensor
+        self,
+        prefix: Tensor,
+        suffix: Tensor,
+        mask: Tensor,
+        positions: Tensor,
+        first_live: int | None = None,
     ) -> Tensor:
         """Training: both streams through every layer pair; returns the suffix's final
-        (normed) hidden states. ``mask`` (B, P+S, P+S) bool, ``positions`` (B, P+S)."""
+        (normed) hidden states. ``mask`` (B, P+S, P+S) bool, ``positions`` (B, P+S).
+
+        ``first_live``: the prefix row where the rows that may carry a gradient begin (the
+        state token, which no earlier prefix row attends to: frames and task tokens form the
+        block before it). With the VLM's text layers frozen, the rows before it need no
+        gradient (nothing trainable feeds them), so they run without autograd: the backward
+        then goes through the frozen layers for the state row alone, not for every frame
+        and task token (see :meth:`_split_pair_step`)."""
         text = self.vlm.model.text_model
         p = prefix.shape[1]
+        if self._splits(prefix, first_live):
+            return self._forward_joint_split(prefix, suffix, mask, positions, first_live)
         for i in range(self.num_vlm_layers):
             vlm_layer, expert = text.layers[i], self.expert_layer(i)
             if expert is None:
@@ -323,6 +337,104 @@ class SmolVLMWithExpert(nn.Module):
                 expert.run_as_unit, self._pair_step, i, prefix, suffix, mask, positions
             )
         return self.lm_expert.norm(suffix)
+
+    def _splits(self, prefix: Tensor, first_live: int | None) -> bool:
+        return (
+            first_live is not None
+            and 0 < first_live < prefix.shape[1]
+            and torch.is_grad_enabled()
+            and prefix.requires_grad
+            and not any(p.requires_grad for p in self.vlm.model.text_model.layers.parameters())
+        )
+
+    def _forward_joint_split(
+        self, prefix: Tensor, suffix: Tensor, mask: Tensor, positions: Tensor, s: int
+    ) -> Tensor:
+        text = self.vlm.model.text_model
+        p = prefix.shape[1]
+        fixed, live = prefix[:, :s].detach(), prefix[:, s:]
+        for i in range(self.num_vlm_layers):
+            vlm_layer, expert = text.layers[i], self.expert_layer(i)
+            if expert is None:
+                fixed, live = vlm_layer.run_as_unit(
+                    self._split_prefix_step, i, fixed, live, mask[:, :p, :p], positions[:, :p]
+                )
+                continue
+            fixed, live, suffix = vlm_layer.run_as_unit(
+                expert.run_as_unit, self._split_pair_step, i, fixed, live, suffix, mask, positions
+            )
+        return self.lm_expert.norm(suffix)
+
+    def _split_qkv(self, layer: nn.Module, fixed: Tensor, live: Tensor, positions: Tensor):
+        """The prefix's queries (after RoPE) of the fixed and the live rows, and the keys
+        (after RoPE) and values of all its rows; the fixed rows' without autograd."""
+        s, p = fixed.shape[1], fixed.shape[1] + live.shape[1]
+        with torch.no_grad():
+            qf, kf, vf = self._qkv(layer, fixed)
+            qf, kf = rotate(qf, positions[:, :s]), rotate(kf, positions[:, :s])
+        ql, kl, vl = self._qkv(layer, live)
+        ql, kl = rotate(ql, positions[:, s:p]), rotate(kl, positions[:, s:p])
+        return qf, ql, torch.cat([kf, kl], dim=1), torch.cat([vf, vl], dim=1)
+
+    def _fixed_rows(self, layer, fixed: Tensor, qf: Tensor, k0: Tensor, v0: Tensor, mask):
+        """The fixed rows through the rest of the layer, without autograd: they attend only to
+        fixed rows (the block structure of the mask)."""
+        s = fixed.shape[1]
+        with torch.no_grad():
+            att = self.attend(mask[:, :s, :s], qf, k0[:, :s], v0[:, :s])
+            return self._finish(layer, att, fixed)
+
+    def _split_pair_step(
+        self,
+        i: int,
+        fixed: Tensor,
+        live: Tensor,
+        suffix: Tensor,
+        mask: Tensor,
+        positions: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`_pair_step` with the prefix in two parts: the fixed rows (before
+        ``first_live``) without autograd, the live rows and the suffix with it. The same
+        arithmetic row by row: a fixed row's masked-out columns (the live rows) weigh exactly
+        0 in its softmax, so leaving them out changes its value by rounding at most (the
+        matrix products' blocking); rows that attend to nothing (padding: uniform over
+        whatever columns there are) are never attended to, so their values reach nothing."""
+        vlm_layer, expert = self.vlm.model.text_model.layers[i], self.expert_layer(i)
+        s, p = fixed.shape[1], fixed.shape[1] + live.shape[1]
+        qf, ql, k0, v0 = self._split_qkv(vlm_layer, fixed, live, positions[:, :p])
+        fixed_out = self._fixed_rows(vlm_layer, fixed, qf, k0, v0, mask)
+        if self._is_cross(i):
+            att_live = self.attend(mask[:, s:p, :p], ql, k0, v0)
+            att1 = self._cross_expert(
+                expert, suffix, k0, v0, positions[:, p:], mask[:, -suffix.shape[1] :, :p]
+            )
+            return (
+                fixed_out,
+                self._finish(vlm_layer, att_live, live),
+                self._finish(expert, att1, suffix),
+            )
+        q1, k1, v1 = self._qkv(expert, suffix)
+        q1, k1 = rotate(q1, positions[:, p:]), rotate(k1, positions[:, p:])
+        query = torch.cat([ql, q1], dim=1)
+        att = self.attend(
+            mask[:, s:], query, torch.cat([k0, k1], dim=1), torch.cat([v0, v1], dim=1)
+        )
+        n = live.shape[1]
+        return (
+            fixed_out,
+            self._finish(vlm_layer, att[:, :n], live),
+            self._finish(expert, att[:, n:], suffix),
+        )
+
+    def _split_prefix_step(
+        self, i: int, fixed: Tensor, live: Tensor, mask: Tensor, positions: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`_prefix_step` (a VLM layer without an expert) with the prefix in two parts."""
+        layer = self.vlm.model.text_model.layers[i]
+        s = fixed.shape[1]
+        qf, ql, k0, v0 = self._split_qkv(layer, fixed, live, positions)
+        fixed_out = self._fixed_rows(layer, fixed, qf, k0, v0, mask)
+        return fixed_out, self._finish(layer, self.attend(mask[:, s:], ql, k0, v0), live)
 
     def encode_prefix(self, prefix: Tensor, mask: Tensor, positions: Tensor) -> PrefixCache:
         """Sampling, once per chunk: the prefix through the VLM; every layer's keys/values."""
