@@ -146,6 +146,42 @@ def test_randomness_comes_from_global_rng() -> None:
     assert second.item() != first.item()
 
 
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_vae_encoder_computes_the_cls_row_alone_with_the_same_draws(pre_norm: bool) -> None:
+    """Only the cls token's output of the VAE encoder is used: its last layer runs the
+    feed-forward of that row alone. Same row, same gradients of every parameter and input, and
+    the generator where the whole layer leaves it (dropout on: its masks are drawn whole)."""
+    torch.manual_seed(0)
+    cfg = make_config(pre_norm=pre_norm, dropout=0.3, n_vae_encoder_layers=2)
+    encoder = ACTEncoder(cfg, is_vae_encoder=True).train()
+    x = torch.randn(7, BATCH, cfg.dim_model, requires_grad=True)
+    pos = torch.randn(7, 1, cfg.dim_model)
+    pad = torch.zeros(BATCH, 7, dtype=torch.bool)
+    pad[0, -2:] = True
+    results = []
+    for first_row_only in (False, True):
+        encoder.zero_grad()
+        x.grad = None
+        torch.manual_seed(5)
+        out = encoder(x, pos, pad, first_row_only=first_row_only)
+        row = out[0] if first_row_only else out[:1][0]
+        assert out.shape[0] == (1 if first_row_only else 7)
+        row.square().sum().backward()
+        grads = {n: p.grad.clone() for n, p in encoder.named_parameters()}
+        results.append((row.detach(), grads, x.grad.clone(), torch.rand(3)))
+    (full, full_grads, full_x, full_next), (first, grads, x_grad, next_draws) = results
+    torch.testing.assert_close(first, full, atol=1e-6, rtol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, full_grads[name], atol=1e-5, rtol=0, msg=name)
+    torch.testing.assert_close(x_grad, full_x, atol=1e-6, rtol=0)
+    assert torch.equal(next_draws, full_next)
+    with torch.no_grad():  # eval mode: no dropout, the same row
+        encoder.eval()
+        torch.testing.assert_close(
+            encoder(x, pos, pad, first_row_only=True)[0], encoder(x, pos, pad)[0], atol=1e-6, rtol=0
+        )
+
+
 def test_batch_errors() -> None:
     cfg = make_config()
     policy = ACTPolicy(cfg)

@@ -116,6 +116,28 @@ def _feed_forward(layer: ACTEncoderLayer | ACTDecoderLayer, x: Tensor) -> Tensor
     return layer.linear2(layer.dropout(layer.activation(layer.linear1(x))))
 
 
+def _leading_rows_dropout(dropout: nn.Module, x: Tensor, rows: int) -> Tensor:
+    """``dropout`` of a (rows + more, ...) tensor whose leading ``x`` (``rows`` of them) is all
+    that is used: the mask of the whole is drawn (the generator advances as for the whole, and
+    ``x``'s part of it is what dropout over the whole would draw), applied to ``x`` alone."""
+    p = dropout.p
+    if not dropout.training or p == 0.0:
+        return x
+    noise = x.new_empty((rows, *x.shape[1:])).bernoulli_(1.0 - p)
+    return x * noise.div_(1.0 - p)[: x.shape[0]]
+
+
+def _first_row_feed_forward(layer: ACTEncoderLayer, x: Tensor) -> Tensor:
+    """Row 0 of the feed-forward sub-layer over ``x`` (L, B, D), for a layer of which only that
+    row is used: the same values as the whole sub-layer's row 0, and every dropout mask drawn
+    for all L rows (the same draws as the whole, for the rest of the step)."""
+    rows, y = x.shape[0], x[:1]
+    h = layer.norm2(y) if layer.pre_norm else y
+    h = _leading_rows_dropout(layer.dropout, layer.activation(layer.linear1(h)), rows)
+    out = y + _leading_rows_dropout(layer.dropout2, layer.linear2(h), rows)
+    return out if layer.pre_norm else layer.norm2(out)
+
+
 class ACTEncoderLayer(nn.Module):
     """Self-attention and feed-forward block, post-norm unless ``config.pre_norm``."""
 
@@ -133,8 +155,16 @@ class ACTEncoderLayer(nn.Module):
         self.pre_norm = config.pre_norm
 
     def forward(
-        self, x: Tensor, pos_embed: Tensor | None = None, key_padding_mask: Tensor | None = None
+        self,
+        x: Tensor,
+        pos_embed: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        first_row_only: bool = False,
     ) -> Tensor:
+        """(L, B, D) -> (L, B, D); with ``first_row_only`` (the last layer of an encoder whose
+        row 0 alone is used), (1, B, D): that row, without the feed-forward work of the others
+        (its masks still drawn whole: the same random numbers as the full layer's)."""
+
         def attend(y: Tensor) -> Tensor:
             q = k = _with_pos(y, pos_embed)
             return self.self_attn(
@@ -142,9 +172,10 @@ class ACTEncoderLayer(nn.Module):
             )[0]
 
         x = _residual(x, attend, self.norm1, self.dropout1, self.pre_norm)
-        return _residual(
-            x, lambda y: _feed_forward(self, y), self.norm2, self.dropout2, self.pre_norm
-        )
+        if first_row_only and 0.0 <= self.dropout.p < 1.0 and 0.0 <= self.dropout2.p < 1.0:
+            return _first_row_feed_forward(self, x)
+        x = _residual(x, lambda y: _feed_forward(self, y), self.norm2, self.dropout2, self.pre_norm)
+        return x[:1] if first_row_only else x
 
 
 class ACTEncoder(nn.Module):
@@ -157,10 +188,23 @@ class ACTEncoder(nn.Module):
         self.norm = nn.LayerNorm(config.dim_model) if config.pre_norm else nn.Identity()
 
     def forward(
-        self, x: Tensor, pos_embed: Tensor | None = None, key_padding_mask: Tensor | None = None
+        self,
+        x: Tensor,
+        pos_embed: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        first_row_only: bool = False,
     ) -> Tensor:
-        for layer in self.layers:
-            x = layer(x, pos_embed=pos_embed, key_padding_mask=key_padding_mask)
+        """(L, B, D) -> (L, B, D), or only row 0, (1, B, D), with ``first_row_only`` (the VAE
+        encoder: its cls token's output is all it gives; the last layer then computes the
+        feed-forward of that row alone, ~1/L of its largest matmuls)."""
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            only = first_row_only and i == last
+            x = layer(
+                x, pos_embed=pos_embed, key_padding_mask=key_padding_mask, first_row_only=only
+            )
+        if first_row_only and not self.layers:
+            x = x[:1]
         return self.norm(x)
 
 
@@ -391,6 +435,7 @@ class ACT(nn.Module):
             vae_in.transpose(0, 1),
             pos_embed=self.vae_encoder_pos_enc.transpose(0, 1).to(vae_in.dtype),
             key_padding_mask=key_padding_mask,
+            first_row_only=True,
         )[0]
         latent_params = self.vae_encoder_latent_output_proj(cls_out)
         mu = latent_params[:, : self.config.latent_dim]
