@@ -83,10 +83,13 @@ def build_tiny_smolvlm(
     text: dict | None = None,
     vision: dict | None = None,
     scale_factor: int = 2,
+    max_shard_size: str | None = None,
 ) -> Path:
     """Write the tiny SmolVLM into ``folder`` (created) and return it. ``text`` / ``vision``
     override fields of its text (llama) and vision configs (the vocabulary is the tokenizer's
-    unless ``text`` names a larger one); ``scale_factor`` is the connector's pixel shuffle."""
+    unless ``text`` names a larger one); ``scale_factor`` is the connector's pixel shuffle.
+    ``with_weights``: bf16 weights too, in shards of ``max_shard_size`` when given
+    (``model.safetensors.index.json``)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import (
@@ -126,7 +129,9 @@ def build_tiny_smolvlm(
     )
     if with_weights:
         torch.manual_seed(seed)
-        SmolVLMForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(folder)
+        model = SmolVLMForConditionalGeneration(config).to(torch.bfloat16)
+        shards = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+        model.save_pretrained(folder, **shards)
     else:
         config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

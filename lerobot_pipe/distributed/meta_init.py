@@ -101,6 +101,9 @@ class _Call:
     overwrites: set[int]  # those written whole, the call's result not depending on them
     reads: set[int]  # storages whose values the call reads
     created: list[tuple[int, int]] = field(default_factory=list)  # (output index, storage)
+    # Recorded under MetaBuild.undrawn(): the eager build draws nothing here (its values are
+    # loaded over it); never replayed, and an error if a value depended on it.
+    undrawn: bool = False
 
 
 class _MetaDevice(DeviceContext):
@@ -118,6 +121,7 @@ class _Recorder(TorchDispatchMode):
         self.calls: list[_Call] = []
         self.storages: dict[int, tuple[int, torch.dtype]] = {}  # key -> (numel, dtype)
         self._alive: list[Tensor] = []  # keeps recorded storages (and so their keys) alive
+        self.drawing = True  # False under MetaBuild.undrawn()
 
     def ref(self, t: Tensor) -> _Ref:
         storage = t.untyped_storage()
@@ -185,6 +189,7 @@ class _Recorder(TorchDispatchMode):
                 overwrites=overwrites,
                 reads=read,
                 created=created,
+                undrawn=random and not self.drawing,
             )
         )
         return out
@@ -262,6 +267,12 @@ class DeferredInit:
             live_keys |= call.reads
         if live_keys:  # read before anything wrote them: cannot happen for recorded storages
             raise RuntimeError("meta build: values used before they were made")
+        undrawn = [i for i, call in enumerate(calls) if live[i] and call.undrawn]
+        if undrawn:
+            raise RuntimeError(
+                "meta build: a value depends on an initialization the eager build does not draw "
+                f"(a weight its file lacks?): {calls[undrawn[0]].func}"
+            )
         last_use: dict[int, int] = {}
         for i, call in enumerate(calls):
             if live[i]:
@@ -280,7 +291,7 @@ class DeferredInit:
             return torch.empty_strided(ref.size, ref.stride, dtype=ref.dtype)
 
         for i, call in enumerate(calls):
-            if not (live[i] or call.random):
+            if not (live[i] or call.random) or call.undrawn:
                 continue
             resolve = view if live[i] else scratch
             args, kwargs = tree_map(functools.partial(_resolve, resolve), (call.args, call.kwargs))
@@ -374,6 +385,15 @@ def _write(dest: Tensor, full: Tensor) -> None:
         dest.copy_(full)
 
 
+_ACTIVE: MetaBuild | None = None
+
+
+def active_build() -> MetaBuild | None:
+    """The MetaBuild whose ``recording()`` is running (a constructor asks: build from a config
+    and record where its weights will be read from, instead of reading them now), or None."""
+    return _ACTIVE
+
+
 class MetaBuild:
     """Records a build on the meta device: ``with build.recording(): model = make(...)``
     (entered again for later parts, PEFT's adapters; code between runs as usual), then
@@ -385,8 +405,25 @@ class MetaBuild:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[MetaBuild]:
-        with _MetaDevice(META), self._recorder:
-            yield self
+        global _ACTIVE
+        outer, _ACTIVE = _ACTIVE, self
+        try:
+            with _MetaDevice(META), self._recorder:
+                yield self
+        finally:
+            _ACTIVE = outer
+
+    @contextlib.contextmanager
+    def undrawn(self) -> Iterator[None]:
+        """A part whose eager build draws no random numbers because it loads its weights (a
+        pretrained module's ``from_pretrained``), built here from its config: its random
+        initializations are recorded but never replayed, so the generator advances as in the
+        eager build; every value of the part must then come from a ``load`` source."""
+        self._recorder.drawing, before = False, self._recorder.drawing
+        try:
+            yield
+        finally:
+            self._recorder.drawing = before
 
     def refs(self, tensors: dict[str, Tensor]) -> dict[str, _Ref]:
         """The recorded views behind the meta tensors among ``tensors``."""
@@ -485,24 +522,32 @@ class _RowReader:
 
 
 def safetensors_source(
-    model_file: Path, names: dict[str, str]
+    model_file: Path | dict[str, Path], names: dict[str, str]
 ) -> Callable[[str, Tensor, Callable], bool]:
     """A ``load`` for :meth:`DeferredInit.materialize`: each destination in ``names`` (model
-    name -> key in ``model_file``) read as this rank's part only (the rows it holds, read from
-    the file without the rest, :class:`_RowReader`). The keys read are collected in the
-    function's ``loaded``."""
+    name -> key in the file) read as this rank's part only (the rows it holds, read from the
+    file without the rest, :class:`_RowReader`). ``model_file`` is one file or, for a model
+    saved in shards, each key's file (``model.safetensors.index.json``'s ``weight_map``).
+    The keys read are collected in the function's ``loaded``."""
     from torch.distributed.tensor import DTensor
 
-    reader = _RowReader(Path(model_file))
+    readers: dict[Path, _RowReader] = {}
+
+    def reader_of(key: str) -> _RowReader:
+        path = Path(model_file if isinstance(model_file, (str, Path)) else model_file[key])
+        if path not in readers:
+            readers[path] = _RowReader(path)
+        return readers[path]
 
     def load(name: str, dest: Tensor, local_index: Callable) -> bool:
         key = names.get(name)
         if key is None:
             return False
+        reader = reader_of(key)
         shape = reader.shape(key)
         if shape != tuple(dest.shape):
             raise RuntimeError(
-                f"cannot load {model_file}: {key} has shape {list(shape)}, the model's "
+                f"cannot load {reader.path}: {key} has shape {list(shape)}, the model's "
                 f"{name} {list(dest.shape)}"
             )
         values = reader.read(key, local_index(shape))
@@ -511,6 +556,10 @@ def safetensors_source(
         load.loaded.add(key)
         return True
 
+    def close() -> None:
+        for reader in readers.values():
+            reader.close()
+
     load.loaded = set()
-    load.close = reader.close
+    load.close = close
     return load

@@ -179,12 +179,6 @@ class PreTrainedConfig(ChoiceRegistry, choice_base=True, choice_kind="policy"):
         names a local folder they do not have), or None. Publishing refuses it before upload."""
         return None
 
-    def meta_build_problem(self, pretrained_parts: bool) -> str | None:
-        """Why this policy cannot be built on the meta device and materialized shard by shard
-        (distributed/meta_init.py), e.g. a part whose own weights are read whole while it is
-        constructed; None when it can. The trainer then builds it eagerly, logging this."""
-        return None
-
     # --- serialization --------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -379,6 +373,14 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
         policy.to(map_location)
         policy.eval()
         return policy
+
+    def pretrained_weight_sources(self) -> list[tuple[str, str, Path | dict[str, Path]]]:
+        """Parts built on the meta device (distributed/meta_init.py) whose weights the eager
+        build would have loaded from their own pretrained files: ``(prefix of their names in
+        state_dict, the Hub id or folder they come from, its safetensors file or each key's
+        shard file)``; each rank reads its shards of them when it materializes. Empty for most
+        policies."""
+        return []
 
     def get_optim_params(self) -> list[dict]:
         """The optimizer's parameter groups (LeRobot's hook): one group of the trainable

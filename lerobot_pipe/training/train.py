@@ -366,26 +366,26 @@ def build_on_meta(plan: TrainingPlan, env: DistEnv) -> MetaBuilt | str:
     try:
         fill_features(cfg.policy, plan.dataset.features)
         pretrained_parts = plan.resume_from is None and not cfg.policy.pretrained_path
-        reason = cfg.policy.meta_build_problem(pretrained_parts)
-        if reason is None:
-            model_file = _pretrained_file(cfg.policy)
-            build = MetaBuild()
+        model_file = _pretrained_file(cfg.policy)
+        build = MetaBuild()
+        with build.recording():
+            policy = get_policy_class(cfg.policy.type)(
+                cfg.policy, pretrained_parts=pretrained_parts
+            )
+        policy.train()
+        state = policy.state_dict(keep_vars=True)  # the file's names, before PEFT's
+        pre, post = make_processors(plan, env.device.type)
+        trainee: nn.Module = policy
+        if cfg.peft is not None:
             with build.recording():
-                policy = get_policy_class(cfg.policy.type)(
-                    cfg.policy, pretrained_parts=pretrained_parts
-                )
-            policy.train()
-            state = policy.state_dict(keep_vars=True)  # the file's names, before PEFT's
-            pre, post = make_processors(plan, env.device.type)
-            trainee: nn.Module = policy
-            if cfg.peft is not None:
-                with build.recording():
-                    trainee = apply_peft(policy, cfg.peft, cfg.policy.pretrained_path)
-            load, expected = None, frozenset()
-            if model_file is not None:
-                load, expected = _checkpoint_names(model_file, policy, state, trainee)
-            deferred = build.finish(trainee)
-            built = (policy, trainee, pre, post, deferred, load, model_file, expected)
+                trainee = apply_peft(policy, cfg.peft, cfg.policy.pretrained_path)
+        load, expected = None, frozenset()
+        if model_file is not None:
+            load, expected = _checkpoint_names(model_file, policy, state, trainee)
+        elif sources := policy.pretrained_weight_sources():
+            load, expected, model_file = _pretrained_part_names(sources, state, trainee)
+        deferred = build.finish(trainee)
+        built = (policy, trainee, pre, post, deferred, load, model_file, expected)
     except Unsupported as e:
         reason = str(e)
     except Exception as e:  # the eager build runs it again and reports what is really wrong
@@ -437,6 +437,34 @@ def _checkpoint_names(model_file: Path, policy: PreTrainedPolicy, state: dict, t
     key_of = {id(t): k for k, t in state.items()}
     names = {name: key_of[id(t)] for name, t in destinations(trainee).items() if id(t) in key_of}
     return safetensors_source(model_file, names), frozenset(file_keys)
+
+
+def _pretrained_part_names(sources: list, state: dict, trainee: nn.Module):
+    """The loader of the parts a policy built on the meta device reads from their own
+    pretrained files (``pretrained_weight_sources``, e.g. SmolVLA's VLM with load_vlm_weights),
+    the keys it must read, and what it reads from. Every one of the part's state-dict entries
+    must be in its files (a file may hold more, e.g. VLM layers past num_vlm_layers);
+    Unsupported otherwise (the eager build then loads it as from_pretrained does)."""
+    from lerobot_pipe.distributed.meta_init import Unsupported, destinations
+
+    if len(sources) != 1:
+        raise Unsupported(f"{len(sources)} pretrained parts to read: one is supported")
+    prefix, model_id, files = sources[0]
+    keys = set(files) if isinstance(files, dict) else _safetensors_keys(files)
+    wanted = {k: k.removeprefix(prefix) for k in state if k.startswith(prefix)}
+    lacking = sorted(k for k, key in wanted.items() if key not in keys)
+    if lacking:
+        raise Unsupported(f"{model_id}'s weights lack {lacking[:3]} ({len(lacking)} in all)")
+    key_of = {id(t): wanted[k] for k, t in state.items() if k in wanted}
+    names = {name: key_of[id(t)] for name, t in destinations(trainee).items() if id(t) in key_of}
+    return safetensors_source(files, names), frozenset(wanted.values()), Path(model_id)
+
+
+def _safetensors_keys(model_file: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(model_file), framework="pt", device="cpu") as handle:
+        return set(handle.keys())
 
 
 def _probe_on_meta(plan: TrainingPlan, built) -> tuple[str, Any]:

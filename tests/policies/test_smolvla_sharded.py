@@ -198,6 +198,76 @@ def test_sharded_runs_are_built_on_the_meta_device_with_the_eager_weights(source
         _equal(ranks[0]["model"], one["model"], f"{name} initial state")
 
 
+@pytest.fixture(scope="module")
+def vlm_weight_runs(parts) -> dict:
+    """Fresh runs (no --policy.path) with load_vlm_weights=true: the VLM's own bf16 weights,
+    a trainable expert and heads, --accelerator.mixed_precision=bf16. FSDP2 built eagerly
+    (LEROBOT_PIPE_META_BUILD=0) and on the meta device, from the VLM's one file and from the
+    same weights saved in shards (model.safetensors.index.json)."""
+    from smolvla_tiny import build_tiny_smolvlm
+
+    # Three text layers, of which the policy keeps num_vlm_layers=2.
+    deeper = {"with_weights": True, "text": {"num_hidden_layers": 3}}
+    one = build_tiny_smolvlm(parts["tmp"] / "vlm_3", **deeper)
+    shards = build_tiny_smolvlm(parts["tmp"] / "vlm_3_shards", **deeper, max_shard_size="40KB")
+    assert (shards / "model.safetensors.index.json").is_file()
+    assert not (shards / "model.safetensors").exists()
+    runs = {"file": one}
+    for name, vlm, eager in [
+        ("eager", one, True),
+        ("meta", one, False),
+        ("meta_shards", shards, False),
+    ]:
+        out = parts["tmp"] / f"vlm_weights_{name}"
+        flags = _flags(
+            parts,
+            **{
+                "policy.vlm_model_name": str(vlm),
+                "policy.load_vlm_weights": "true",
+                "policy.train_expert_only": "true",
+                "accelerator.mixed_precision": "bf16",
+                "steps": 2,
+                "save_freq": 2,
+            },
+        )
+        before = os.environ.get("LEROBOT_PIPE_META_BUILD")
+        os.environ["LEROBOT_PIPE_META_BUILD"] = "0" if eager else "1"
+        try:
+            runs[name] = (out, _run("fsdp2", [*flags, f"--output_dir={out}"]))
+        finally:
+            if before is None:
+                os.environ.pop("LEROBOT_PIPE_META_BUILD")
+            else:
+                os.environ["LEROBOT_PIPE_META_BUILD"] = before
+    return runs
+
+
+def test_load_vlm_weights_builds_on_the_meta_device_reading_the_vlms_own_files(vlm_weight_runs):
+    """Item 7 for pretraining from the VLM's weights: each rank reads its rows of the VLM's
+    file (or of its shards; layers past num_vlm_layers unread) and initializes the rest as the
+    eager build does: the initial state equals the eager FSDP2 build's bit for bit (and the
+    VLM the file's), the losses the same."""
+    from safetensors.torch import load_file
+
+    eager = vlm_weight_runs["eager"][1]
+    assert all(rank["meta"] is not True for rank in eager)
+    file = load_file(vlm_weight_runs["file"] / "model.safetensors")
+    prefix = "model.vlm_with_expert.vlm."
+    for name in ("meta", "meta_shards"):
+        ranks = vlm_weight_runs[name][1]
+        assert all(rank["meta"] is True for rank in ranks), (name, ranks[0]["meta"])
+        _equal(ranks[0]["model"], eager[0]["model"], f"{name} vs eager initial state")
+        vlm = {
+            k.removeprefix(prefix): v for k, v in ranks[0]["model"].items() if k.startswith(prefix)
+        }
+        assert vlm and all(torch.equal(v, file[k]) for k, v in vlm.items())
+        assert {k.split(".layers.")[1].split(".")[0] for k in set(file) - set(vlm)} == {"2"}
+        curve, reference = losses(vlm_weight_runs[name][0]), losses(vlm_weight_runs["eager"][0])
+        assert curve.keys() == reference.keys() == {1, 2}
+        for step in curve:
+            assert abs(curve[step] - reference[step]) < 1e-5, (name, step)
+
+
 def test_every_layer_unit_is_really_sharded(sources):
     one = sources["single"][1][0]["units"]
     decoder = [n for n in one if ".layers." in n and "vision" not in n]

@@ -265,14 +265,6 @@ class SmolVLAConfig(PreTrainedConfig):
             decay_lr=self.scheduler_decay_lr,
         )
 
-    def meta_build_problem(self, pretrained_parts: bool) -> str | None:
-        if self.load_vlm_weights and pretrained_parts:
-            return (
-                "load_vlm_weights=true reads the VLM's weights whole from "
-                f"{self.vlm_model_name} while building it"
-            )
-        return None
-
     def publish_problem(self) -> str | None:
         """A ``vlm_model_name`` that is a local folder is recorded as it is (as LeRobot does),
         but nobody else can rebuild the VLM from it."""

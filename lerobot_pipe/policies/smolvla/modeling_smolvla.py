@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -31,7 +32,7 @@ from lerobot_pipe.policies.smolvla.processor_smolvla import (
     OBS_LANGUAGE_TOKENS,
     load_tokenizer,
 )
-from lerobot_pipe.policies.smolvla.vlm_expert import SmolVLMWithExpert
+from lerobot_pipe.policies.smolvla.vlm_expert import SmolVLMWithExpert, vlm_weight_files
 
 ACTION_IS_PAD = "action_is_pad"
 NOISE_STREAM = stream_id("smolvla.noise")
@@ -293,6 +294,14 @@ class SmolVLAPolicy(PreTrainedPolicy):
         self.config: SmolVLAConfig
         self.model = VLAFlowMatching(config, build_weights=pretrained_parts)
         self.reset()
+
+    def pretrained_weight_sources(self) -> list[tuple[str, str, Path | dict[str, Path]]]:
+        """Built on the meta device with ``load_vlm_weights``: the VLM's weights, still to be
+        read from its own files (downloaded into the Hub cache first where missing)."""
+        source = self.model.vlm_with_expert.vlm_weights_from
+        if source is None:
+            return []
+        return [("model.vlm_with_expert.vlm.", source, vlm_weight_files(source))]
 
     def get_optim_params(self) -> list[dict]:
         """LeRobot's: every parameter in one group (the frozen ones get no gradient, hence no

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from lerobot_pipe.distributed.meta_init import active_build
 from lerobot_pipe.distributed.unit_probe import add_unit_entry
 from lerobot_pipe.policies.smolvla.processor_smolvla import TRANSFORMERS_HINT
 
@@ -44,6 +46,29 @@ def _transformers():
     except ImportError as err:
         raise ImportError(TRANSFORMERS_HINT) from err
     return transformers
+
+
+def vlm_weight_files(model_id: str) -> Path | dict[str, Path]:
+    """The safetensors file(s) ``from_pretrained(model_id)`` reads (a Hub id through the
+    cache, downloading what is missing, or a local folder): one file, or each key's shard of
+    ``model.safetensors.index.json``."""
+    import json
+
+    from transformers.utils import cached_file
+
+    found = cached_file(model_id, "model.safetensors", _raise_exceptions_for_missing_entries=False)
+    if found is not None:
+        return Path(found)
+    index = cached_file(
+        model_id, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False
+    )
+    if index is None:
+        raise FileNotFoundError(
+            f"{model_id} has neither model.safetensors nor model.safetensors.index.json"
+        )
+    weight_map = json.loads(Path(index).read_text())["weight_map"]
+    shards = {name: Path(cached_file(model_id, name)) for name in sorted(set(weight_map.values()))}
+    return {key: shards[name] for key, name in weight_map.items()}
 
 
 def expert_intermediate_size(hidden: int, multiplier: int = 4, multiple_of: int = 256) -> int:
@@ -91,7 +116,18 @@ class SmolVLMWithExpert(nn.Module):
     ) -> None:
         super().__init__()
         tf = _transformers()
-        if load_vlm_weights and build_weights:
+        # Where the VLM's weights are still to be read from (a meta build: each rank reads its
+        # shards of them when it materializes, distributed/meta_init.py); None once in place.
+        self.vlm_weights_from: str | None = None
+        build = active_build() if load_vlm_weights and build_weights else None
+        if build is not None:
+            # What from_pretrained builds, without its weights and without drawing an
+            # initialization for them (from_pretrained draws none for the weights it loads).
+            with build.undrawn():
+                config = tf.AutoConfig.from_pretrained(model_id)
+                self.vlm = tf.AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
+            self.vlm_weights_from = model_id
+        elif load_vlm_weights and build_weights:
             self.vlm = tf.AutoModelForImageTextToText.from_pretrained(
                 model_id, dtype=torch.bfloat16
             )
