@@ -90,12 +90,15 @@ SMOLVLM_GEOMETRIES: dict[str, tuple[dict, dict, int]] = {
 }  # fmt: skip
 
 
-def write_smolvlm(folder: Path, geometry: str) -> Path:
-    """A local SmolVLM folder (``vlm_model_name``) of one of ``SMOLVLM_GEOMETRIES``."""
+def write_smolvlm(folder: Path, geometry: str, with_weights: bool = False) -> Path:
+    """A local SmolVLM folder (``vlm_model_name``) of one of ``SMOLVLM_GEOMETRIES``; with
+    random bf16 weights saved too (``model.safetensors``) with ``with_weights``."""
     from smolvla_tiny import build_tiny_smolvlm
 
     text, vision, scale = SMOLVLM_GEOMETRIES[geometry]
-    return build_tiny_smolvlm(folder, text=text, vision=vision, scale_factor=scale)
+    return build_tiny_smolvlm(
+        folder, text=text, vision=vision, scale_factor=scale, with_weights=with_weights
+    )
 
 
 def policy_flags(size: str | dict) -> dict[str, object]:

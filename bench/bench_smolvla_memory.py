@@ -6,7 +6,8 @@ as a local config, random fp32 weights, no download) built and sharded as lerobo
 Cases (run one at a time, each on forked ranks with real gloo process groups, tests/launch.py):
 ``single`` (one process), ``fsdp2`` / ``fsdp4`` (FSDP2 over 2 / 4 processes), ``lora-single`` /
 ``lora-fsdp2`` (LoRA with LeRobot's default SmolVLA targets, r=16, on a saved base: the frozen
-base sharded with the adapters), ``ac-single`` / ``ac-fsdp2`` (``--accelerator.activation_
+base sharded with the adapters), ``vlm-weights-fsdp2`` (``load_vlm_weights=true``: the VLM's own
+weights, random bf16 saved at this geometry, read as each rank's rows), ``ac-single`` / ``ac-fsdp2`` (``--accelerator.activation_
 checkpointing.mode=full``). Each rank runs the trainer's own ``prepare_session`` (policy build,
 the probe of the wrap units, sharding, the optimizer: AdamW with SmolVLA's preset), then one
 training step on a real batch of the synthetic camera dataset (one 64x64 camera resized with
@@ -18,7 +19,7 @@ padding to 512x512, the task string, the state), and reports:
   * the bytes autograd kept for the backward in that step (saved tensors outside checkpointed
     units: the activation memory that activation checkpointing trades for recomputation).
 
-``fsdp2-eager`` / ``fsdp4-eager`` / ``lora-fsdp2-eager``: the same with the whole policy built
+``fsdp2-eager`` / ``fsdp4-eager`` / ``lora-fsdp2-eager`` / ``vlm-weights-fsdp2-eager``: the same with the whole policy built
 on every rank before sharding (``LEROBOT_PIPE_META_BUILD=0``); the others shard on the meta
 device first and materialize only each rank's shards (distributed/meta_init.py).
 
@@ -43,6 +44,7 @@ MB = 1024 * 1024
 # name -> (world size, extra lerobot-train flags); LoRA cases also get --policy.path=<base>.
 # "-eager" cases build the whole policy on every rank (LEROBOT_PIPE_META_BUILD=0), as before the
 # meta-device build: the comparison for the peak host memory.
+VLM_WEIGHTS = ["--policy.load_vlm_weights=true", "--accelerator.mixed_precision=bf16"]
 CASES = {
     "single": (1, []),
     "fsdp2": (2, ["--parallelism.dp_shard=2"]),
@@ -52,6 +54,10 @@ CASES = {
     "lora-fsdp2-eager": (2, ["--peft.r=16", "--parallelism.dp_shard=2"]),
     "lora-single": (1, ["--peft.r=16"]),
     "lora-fsdp2": (2, ["--peft.r=16", "--parallelism.dp_shard=2"]),
+    # Pretraining from the VLM's own weights (load_vlm_weights=true: its bf16 file, 1 GB at this
+    # geometry; bf16 mixed precision keeps the trainable expert and heads in fp32).
+    "vlm-weights-fsdp2": (2, [*VLM_WEIGHTS, "--parallelism.dp_shard=2"]),
+    "vlm-weights-fsdp2-eager": (2, [*VLM_WEIGHTS, "--parallelism.dp_shard=2"]),
     "ac-single": (1, ["--accelerator.activation_checkpointing.mode=full"]),
     "ac-fsdp2": (
         2,
@@ -171,6 +177,10 @@ def main() -> None:
         "--save_checkpoint=false",
     ]
     fresh = ["--policy.type=smolvla", f"--policy.vlm_model_name={vlm}"]
+    vlm_weights = None
+    if any(case.startswith("vlm-weights") for case in cases):
+        vlm_weights = c.write_smolvlm(tmp / "smolvlm2_500m_weights", "smolvlm2-500m", True)
+        c.malloc_trim()
     base = None
     if any(case.startswith("lora") for case in cases):
         from lerobot_pipe.datasets import LeRobotDataset
@@ -187,6 +197,8 @@ def main() -> None:
     for case in cases:
         world, flags = CASES[case]
         model = [f"--policy.path={base}"] if case.startswith("lora") else fresh
+        if case.startswith("vlm-weights"):
+            model = ["--policy.type=smolvla", f"--policy.vlm_model_name={vlm_weights}"]
         argv = [*common, *model, *flags, f"--output_dir={tmp / case}"]
         env = {"LEROBOT_PIPE_META_BUILD": "0"} if case.endswith("-eager") else {}
         with c.Timer() as t:
@@ -208,8 +220,8 @@ def main() -> None:
     for case, ranks in results.items():
         world = CASES[case][0]
         ref_name = "lora-single" if case.startswith("lora") else "single"
-        if world == 1 or ref_name not in results:
-            continue
+        if world == 1 or ref_name not in results or case.startswith("vlm-weights"):
+            continue  # (vlm-weights: a bf16 VLM, no one-process run of it to compare with)
         ref = max(r["state_b"] for r in results[ref_name])
         ratio = max(r["state_b"] for r in ranks) / ref
         print(f"  {case}: {ratio:.3f} (target {1.1 / world:.3f}) {c.verdict(ratio <= 1.1 / world)}")

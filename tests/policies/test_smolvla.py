@@ -432,6 +432,40 @@ def test_policy_path_hub_id_loads_without_the_vlm_weights(tmp_path, hub_server):
     assert any("me--smolvla" in str(p) for p in downloaded), downloaded
 
 
+def test_the_meta_build_finds_the_vlms_weight_files_through_the_hub_cache(
+    tmp_path,
+    hub_server,  # noqa: F811
+):
+    """load_vlm_weights=true on the meta device reads the VLM's own files, found as
+    from_pretrained finds them: for a Hub id downloaded into huggingface_hub's cache, one
+    model.safetensors or the shards model.safetensors.index.json names (each key's file)."""
+    from huggingface_hub import HfApi
+    from safetensors.torch import load_file
+    from smolvla_tiny import build_tiny_smolvlm
+
+    from lerobot_pipe.policies.smolvla.vlm_expert import vlm_weight_files
+
+    api = HfApi(endpoint=hub_server.url, token=hub_server.token)
+    one = build_tiny_smolvlm(tmp_path / "one", with_weights=True)
+    shards = build_tiny_smolvlm(tmp_path / "shards", with_weights=True, max_shard_size="40KB")
+    for repo, folder in (("tiny/vlm-one-file", one), ("tiny/vlm-in-shards", shards)):
+        api.create_repo(repo)
+        api.upload_folder(repo_id=repo, folder_path=folder)
+    cache = Path(hub_server.cache_dir)
+    single = vlm_weight_files("tiny/vlm-one-file")
+    assert single.is_relative_to(cache) and single.name == "model.safetensors"
+    expected = load_file(single)
+    by_key = vlm_weight_files("tiny/vlm-in-shards")
+    assert by_key.keys() == expected.keys()
+    files = set(by_key.values())
+    assert len(files) > 1 and all(f.is_relative_to(cache) for f in files)
+    for key, file in by_key.items():
+        assert torch.equal(load_file(file)[key], expected[key]), key
+    assert vlm_weight_files(str(one)) == one / "model.safetensors"  # a local folder as it is
+    with pytest.raises(FileNotFoundError, match="neither model.safetensors"):
+        vlm_weight_files(str(build_tiny_smolvlm(tmp_path / "config_only")))
+
+
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
 def test_data_parallel_matches_one_process(tiny_vlm, tmp_path, parallelism):
     """2 gloo processes (DDP, or FSDP2 on the declared units: the vision tower's layers) train
