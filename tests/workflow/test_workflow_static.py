@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -114,6 +115,8 @@ def test_profiles_plan_the_same_jobs(workspace):
     """The local and the SLURM profile run the same jobs on the same files with the same
     commands; the SLURM profile only adds its default sbatch resources, never overrides what a
     rule asks for (the train job's nodes, tasks, memory and runtime)."""
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        pytest.skip("the SLURM profile needs its executor plugin: make slurm-plugin")
 
     def plan(profile: str) -> dict[tuple, dict[str, str]]:
         result = workspace.run_ok("-n", "-p", "--profile", f"workflow/profiles/{profile}")
