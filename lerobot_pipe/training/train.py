@@ -71,6 +71,7 @@ from lerobot_pipe.training import faults
 from lerobot_pipe.training.ema import EMAState, evaluation_weights
 from lerobot_pipe.training.heldout import describe as describe_heldout
 from lerobot_pipe.training.heldout import heldout_loss
+from lerobot_pipe.training.host_memory import keep_freed_host_memory
 from lerobot_pipe.training.optim import make_optimizer, make_scheduler
 from lerobot_pipe.training.preflight import TrainingPlan, sample_indices
 from lerobot_pipe.training.progress import EventChannel, ProgressReporter
@@ -194,6 +195,7 @@ def train(plan: TrainingPlan) -> Path | None:
 
     Raises :class:`RunLockError` on every rank when another trainer holds the output folder.
     """
+    keep_freed_host_memory()  # each step's host tensors reuse the last step's pages
     env = init_distributed()
     try:
         with hold_run_lock(plan.output_dir, env), event_channel(plan.output_dir, env) as channel:
