@@ -67,13 +67,13 @@ def keep_freed_host_memory(environ: Mapping[str, str] | None = None) -> bool:
     """Raise glibc's trim and ``mmap`` thresholds for this process; True when they are set (now
     or by an earlier call), False when left alone (the user's choice, or not glibc)."""
     global _applied
-    if _applied:
-        return True
     environ = os.environ if environ is None else environ
     chosen = user_allocator_choice(environ)
     if chosen is not None:
         log.debug("host allocator left as %s chooses", chosen)
         return False
+    if _applied:
+        return True
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
