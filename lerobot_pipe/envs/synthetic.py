@@ -134,10 +134,6 @@ class SyntheticReachEnv(gym.Env):
         size = self.visualization_size
         return render("top", self._position[None], self._goal[None], size)[0]
 
-    def expert_action(self) -> np.ndarray:
-        """The scripted expert's noise-free command from the current state."""
-        return self._position + expert_move(self._position[None], self._goal[None], self.fps)[0]
-
 
 def register() -> None:
     if GYM_ID not in gym.registry:

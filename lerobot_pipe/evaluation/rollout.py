@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,6 @@ class EpisodeResult:
     max_reward: float
     success: bool
     done_step: int  # the step (0-based) at which the episode ended
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _task_strings(env) -> list[str]:
