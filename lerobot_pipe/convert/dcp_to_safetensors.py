@@ -79,14 +79,14 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.checkpoint.layout import CheckpointError, is_complete, read_training_step
 from lerobot_pipe.checkpoint.manifest import verify_files
 from lerobot_pipe.fsutil import fsync_path
-from lerobot_pipe.hub.repo_id import looks_like_repo_id
 from lerobot_pipe.policies.locate import (
     checkpoint_step_dir,
     ema_policy_dir,
     holds_policy_files,
     pretrained_dir,
 )
-from lerobot_pipe.training.faults import fault_point
+from lerobot_pipe.utils.faults import fault_point
+from lerobot_pipe.utils.repo_id import looks_like_repo_id
 
 logger = logging.getLogger(__name__)
 

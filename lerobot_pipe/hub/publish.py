@@ -54,13 +54,13 @@ from huggingface_hub.errors import HfHubHTTPError
 from lerobot_pipe import __version__
 from lerobot_pipe import constants as C
 from lerobot_pipe.fsutil import write_json_atomic
-from lerobot_pipe.hub.repo_id import repo_id_problem
 from lerobot_pipe.policies.locate import (
     checkpoint_step_dir,
     ema_policy_dir,
     holds_policy_files,
     pretrained_dir,
 )
+from lerobot_pipe.utils.repo_id import repo_id_problem
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class PublishReceipt:
 # ---------------------------------------------------------------------------- validation
 def validate_repo_id(repo_id: str) -> str:
     """``repo_id`` unchanged when it is ``namespace/name`` with the Hub's allowed characters
-    (:func:`~lerobot_pipe.hub.repo_id.repo_id_problem`), else PublishError saying why."""
+    (:func:`~lerobot_pipe.utils.repo_id.repo_id_problem`), else PublishError saying why."""
     problem = repo_id_problem(repo_id)
     if problem:
         raise PublishError(problem)

@@ -59,7 +59,6 @@ from lerobot_pipe.distributed.env_guard import AccelerateEnvError, check_acceler
 from lerobot_pipe.distributed.parallel_dims import ParallelDims, resolve_parallelism
 from lerobot_pipe.distributed.runtime import launched_rank
 from lerobot_pipe.hub.publish import PublishError
-from lerobot_pipe.hub.repo_id import looks_like_repo_id, repo_id_problem
 from lerobot_pipe.policies import factory  # noqa: F401 - registers the policy types
 from lerobot_pipe.policies.locate import checkpoint_step_dir, local_policy_folder, pretrained_dir
 from lerobot_pipe.policies.pretrained import ACTION, OBS_PREFIX, PreTrainedConfig
@@ -71,6 +70,7 @@ from lerobot_pipe.policies.vision.imagenet_weights import (
 from lerobot_pipe.training.heldout import HeldOutSplit, plan_split, train_episode_mask
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
 from lerobot_pipe.training.trackers import TrackerError, wandb_problem
+from lerobot_pipe.utils.repo_id import looks_like_repo_id, repo_id_problem
 
 if TYPE_CHECKING:
     from lerobot_pipe.distributed.parallelize import ShardingPlan

@@ -278,7 +278,8 @@ def test_the_held_out_loss_is_the_live_weights_not_the_ema(multitask_root, tmp_p
 
 def _diffusion_session(root, out):
     from lerobot_pipe.policies.factory import make_policy
-    from lerobot_pipe.training.train import make_processors, seed_everything
+    from lerobot_pipe.training.train import make_processors
+    from lerobot_pipe.utils.random import seed_everything
 
     plan = _plan(root, out, {"dataset.eval_split": SPLIT}, "diffusion")
     seed_everything(0)
@@ -346,7 +347,8 @@ def test_camera_frames_are_evaluated_without_augmentation(diffusion_camera_root,
     opened without them."""
     from lerobot_pipe.policies.factory import make_policy
     from lerobot_pipe.training.preflight import _delta_timestamps
-    from lerobot_pipe.training.train import make_processors, seed_everything
+    from lerobot_pipe.training.train import make_processors
+    from lerobot_pipe.utils.random import seed_everything
 
     extra = {"dataset.eval_split": 0.2, "dataset.image_transforms.enable": "true"}
     plan = _plan(diffusion_camera_root, tmp_path / "out", extra, "diffusion")

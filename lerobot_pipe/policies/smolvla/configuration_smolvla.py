@@ -268,7 +268,7 @@ class SmolVLAConfig(PreTrainedConfig):
     def publish_problem(self) -> str | None:
         """A ``vlm_model_name`` that is a local folder is recorded as it is (as LeRobot does),
         but nobody else can rebuild the VLM from it."""
-        from lerobot_pipe.hub.repo_id import looks_like_repo_id
+        from lerobot_pipe.utils.repo_id import looks_like_repo_id
 
         name = self.vlm_model_name
         if looks_like_repo_id(name) and not Path(name).expanduser().exists():
