@@ -328,9 +328,9 @@ def _read_adapter_config(pretrained: Path) -> dict:
 def _adapter_key_map(pretrained: Path, metadata: Metadata) -> dict[str, str]:
     """{adapter_model.safetensors name: DCP key}, as peft selects and names them for the policy
     of ``config.json`` wrapped as ``adapter_config.json`` says."""
+    from lerobot_pipe.configs.policies import PreTrainedConfig
     from lerobot_pipe.policies.factory import get_policy_class
     from lerobot_pipe.policies.peft import adapter_key_map, wrap_with_adapter_config
-    from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
     adapter_config = _read_adapter_config(pretrained)
     with torch.device("meta"):  # the module structure only: nothing allocated or initialized

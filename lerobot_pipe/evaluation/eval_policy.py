@@ -1,5 +1,5 @@
-"""``lerobot-eval``: roll a trained policy out in simulation, with LeRobot 0.6.1's flags,
-rollout semantics and ``eval_info.json``.
+"""What ``lerobot-eval`` (scripts/eval.py) and the pipeline's evaluate job run: roll a trained
+policy out in simulation, with LeRobot 0.6.1's flags, rollout semantics and ``eval_info.json``.
 
     lerobot-eval --policy.path=outputs/train/act/checkpoints/last/pretrained_model \\
         --env.type=pusht --eval.n_episodes=10 --eval.batch_size=2
@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import random
-import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lerobot_pipe.envs.configs import EnvConfig
-from lerobot_pipe.scripts.help import choice_sections, command_help, parse_command
-from lerobot_pipe.scripts.logs import report_error
+from lerobot_pipe import envs  # noqa: F401 - registers the --env.type choices
+from lerobot_pipe.configs.envs import EnvConfig
 
-PROG = "lerobot-eval"
 MAX_VIDEOS = 10  # LeRobot's lerobot-eval renders the first 10 episodes
 
 log = logging.getLogger("lerobot_pipe.eval")
@@ -72,24 +68,6 @@ class BadInput(ValueError):
     """Refused before any rollout (exit status 2)."""
 
 
-def usage() -> str:
-    text = command_help(
-        f"{PROG} --policy.path=PATH --env.type=TYPE [--flag=value ...]", EvalPipelineOptions
-    )
-    return "\n".join([text, *choice_sections(EnvConfig, "env")])
-
-
-def _seed_everything(seed: int | None) -> None:
-    if seed is None:
-        return
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def _device(requested: str | None) -> str:
     import torch
 
@@ -103,6 +81,7 @@ def _device(requested: str | None) -> str:
 def prepare(options: EvalPipelineOptions):
     """Everything checked and built before the first rollout: (env config, policy config,
     policy folder, vector env, batch size). BadInput when something does not fit."""
+    from lerobot_pipe.configs.policies import PreTrainedConfig
     from lerobot_pipe.envs.factory import (
         EnvError,
         _import_env_package,
@@ -112,7 +91,6 @@ def prepare(options: EvalPipelineOptions):
         make_env,
     )
     from lerobot_pipe.policies.locate import local_policy_folder
-    from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
     if options.env is None:
         raise BadInput(
@@ -168,9 +146,10 @@ def run(options: EvalPipelineOptions) -> dict:
 
     from lerobot_pipe.evaluation.info import eval_info, task_metrics, write_eval_info
     from lerobot_pipe.evaluation.rollout import evaluate
+    from lerobot_pipe.policies.factory import make_pre_post_processors
     from lerobot_pipe.policies.peft import load_pretrained_policy
-    from lerobot_pipe.processors.factory import make_pre_post_processors
     from lerobot_pipe.processors.pipeline import ProcessorError
+    from lerobot_pipe.utils.random import seed_everything
 
     env_cfg, policy_cfg, folder, env, batch_size = prepare(options)
     try:
@@ -190,7 +169,8 @@ def run(options: EvalPipelineOptions) -> dict:
             )
         except (FileNotFoundError, ProcessorError) as e:
             raise BadInput(f"--policy.path={options.policy.path}: {e}") from None
-        _seed_everything(options.seed)
+        if options.seed is not None:
+            seed_everything(options.seed)
         policy = load_pretrained_policy(folder, policy_cfg).to(policy_cfg.device)
         policy.eval()
         log.info(
@@ -234,26 +214,3 @@ def run(options: EvalPipelineOptions) -> dict:
     print(output_dir / "eval_info.json")
     return info
 
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    options, status = parse_command(PROG, EvalPipelineOptions, argv, usage)
-    if options is None:
-        return status
-    try:
-        run(options)
-    except BadInput as e:
-        report_error(PROG, e)
-        return 2
-    except KeyboardInterrupt:
-        report_error(PROG, "interrupted")
-        return 130
-    except Exception as e:  # never a traceback on the console
-        log.debug("evaluation failed", exc_info=True)
-        report_error(PROG, f"evaluation failed: {type(e).__name__}: {e}")
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

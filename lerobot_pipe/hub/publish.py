@@ -556,8 +556,8 @@ def _step_folder_name(pretrained: Path, step: int) -> str:
 def _rebuild_problem(pretrained: Path) -> str | None:
     """What the policy's config says others would miss to rebuild it (its ``publish_problem``);
     None for a config this version cannot read (published as it is)."""
+    from lerobot_pipe.configs.policies import PreTrainedConfig
     from lerobot_pipe.policies.factory import discover_policies
-    from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
     discover_policies()
     try:

@@ -55,7 +55,12 @@ from lerobot_pipe.distributed.unit_probe import MetaValues, find_bypassed_module
 from lerobot_pipe.evaluation.in_training import InTrainingEval, eval_batch_size
 from lerobot_pipe.evaluation.in_training import describe as describe_rollouts
 from lerobot_pipe.evaluation.in_training import summary as env_eval_summary
-from lerobot_pipe.policies.factory import fill_features, get_policy_class, make_policy
+from lerobot_pipe.policies.factory import (
+    fill_features,
+    get_policy_class,
+    make_policy,
+    make_pre_post_processors,
+)
 from lerobot_pipe.policies.locate import local_policy_folder
 from lerobot_pipe.policies.peft import adapter_key_map, apply_peft
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy
@@ -63,7 +68,6 @@ from lerobot_pipe.processors import (
     NormalizerProcessorStep,
     PolicyProcessorPipeline,
     RenameObservationsProcessorStep,
-    make_pre_post_processors,
 )
 from lerobot_pipe.training.ema import EMAState, evaluation_weights
 from lerobot_pipe.training.heldout import describe as describe_heldout

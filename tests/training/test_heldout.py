@@ -232,8 +232,8 @@ def test_eval_loss_is_the_same_on_every_topology(runs, topology, request):
 def _per_sample_mean(pretrained: Path, root: Path) -> float:
     """The policy in ``pretrained`` run on each held-out frame alone (a batch of one: the
     policy's own mean loss is that sample's loss), the mean over the frames."""
-    from lerobot_pipe.policies.factory import get_policy_class
-    from lerobot_pipe.processors import NormalizerProcessorStep, make_pre_post_processors
+    from lerobot_pipe.policies.factory import get_policy_class, make_pre_post_processors
+    from lerobot_pipe.processors import NormalizerProcessorStep
     from lerobot_pipe.training.preflight import _delta_timestamps
 
     policy = get_policy_class("act").from_pretrained(pretrained)
@@ -387,8 +387,8 @@ def test_smolvla_held_out_loss_is_its_per_sample_mean(tmp_path):
     from smolvla_tiny import build_tiny_smolvlm
 
     from lerobot_pipe.datasets import write_synthetic_dataset
+    from lerobot_pipe.policies.factory import make_pre_post_processors
     from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET, SmolVLAPolicy
-    from lerobot_pipe.processors import make_pre_post_processors
     from lerobot_pipe.training.preflight import _delta_timestamps
 
     vlm = build_tiny_smolvlm(tmp_path / "vlm")

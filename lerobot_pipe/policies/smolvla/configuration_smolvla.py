@@ -14,12 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from lerobot_pipe.configs.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
-from lerobot_pipe.policies.pretrained import (
-    ACTION,
-    OBS_IMAGES_PREFIX,
-    OBS_STATE,
-    PreTrainedConfig,
-)
+from lerobot_pipe.configs.policies import PreTrainedConfig
+from lerobot_pipe.policies.pretrained import ACTION, OBS_IMAGES_PREFIX, OBS_STATE
 
 DEFAULT_VLM = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
 ATTENTION_MODES = ("cross_attn", "self_attn")
