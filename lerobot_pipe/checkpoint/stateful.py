@@ -141,7 +141,7 @@ class PretrainedWriter(Protocol):
         loop changes except through ``full_state``."""
 
 
-class EMAShadow(Stateful, Protocol):
+class EMAShadow(Protocol):
     """What a checkpoint saves and restores of an EMA of the weights (training's ``EMAState``):
     an fp32 shadow of the trainable parameters by state-dict name (this rank's shards when
     sharded) and its update count. A checkpoint holds the shadow as the EMA policy's weights

@@ -213,4 +213,3 @@ def run(options: EvalPipelineOptions) -> dict:
     )
     print(output_dir / "eval_info.json")
     return info
-
