@@ -1,2 +1,2 @@
-"""The foundation layer: fault points, seeding and keyed randomness, Hub repo ids. Its modules
-import nothing of the package but constants, fsutil and each other; every layer may use them."""
+"""Foundation helpers shared by every layer; they import nothing of lerobot_pipe but each other,
+:mod:`lerobot_pipe.constants` and :mod:`lerobot_pipe.fsutil`."""
