@@ -164,8 +164,7 @@ def act_policy_and_data(
     """(policy, dataset, sampler, preprocessor) built the way make_plan + train build them."""
     from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset
     from lerobot_pipe.policies.act.configuration_act import ACTConfig
-    from lerobot_pipe.policies.factory import make_policy
-    from lerobot_pipe.processors import make_pre_post_processors
+    from lerobot_pipe.policies.factory import make_policy, make_pre_post_processors
 
     fields = ACT_SIZES[size] if isinstance(size, str) else size
     cfg = ACTConfig(**{"pretrained_backbone_weights": None, **fields})
@@ -209,8 +208,7 @@ def diffusion_policy_and_data(
     drop_n_last_frames frames."""
     from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset
     from lerobot_pipe.policies.diffusion import DiffusionConfig
-    from lerobot_pipe.policies.factory import make_policy
-    from lerobot_pipe.processors import make_pre_post_processors
+    from lerobot_pipe.policies.factory import make_policy, make_pre_post_processors
     from lerobot_pipe.training.preflight import sample_indices
 
     cfg = DiffusionConfig(**{"pretrained_backbone_weights": None, **fields})

@@ -62,7 +62,7 @@ from lerobot_pipe.checkpoint.writer import CheckpointWriter
 from lerobot_pipe.configs.optim import AdamWConfig
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.processors import make_pre_post_processors
+from lerobot_pipe.policies.factory import make_pre_post_processors
 from lerobot_pipe.training.optim import make_optimizer
 
 SIZE = "100mb"

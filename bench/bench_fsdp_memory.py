@@ -32,8 +32,10 @@ from lerobot_pipe.configs.optim import AdamWConfig
 from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset  # noqa: F401 - baseline
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.policies.factory import make_policy  # noqa: F401 - baseline
-from lerobot_pipe.processors import make_pre_post_processors  # noqa: F401 - baseline
+from lerobot_pipe.policies.factory import (
+    make_policy,  # noqa: F401 - baseline
+    make_pre_post_processors,  # noqa: F401 - baseline
+)
 from lerobot_pipe.training.optim import make_optimizer
 
 MB = 1024 * 1024

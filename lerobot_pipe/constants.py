@@ -106,7 +106,7 @@ PUBLISH_RECEIPT = "publish_receipt.json"
 
 # The batch key of each sample's random key (int64): the run's seed and the sample's position in
 # the sampler's stream. Policies draw per-sample training randomness from it
-# (lerobot_pipe/policies/keyed_random.py), image augmentations use the same key.
+# (lerobot_pipe/utils/random.py), image augmentations use the same key.
 SAMPLE_KEY = "sample_key"
 
 # Environment variables.

@@ -18,7 +18,7 @@ from typing import Any
 from lerobot_pipe import constants as C
 from lerobot_pipe.checkpoint.pins import pinned_steps
 from lerobot_pipe.fsutil import fsync_path, read_json
-from lerobot_pipe.training.faults import fault_point
+from lerobot_pipe.utils.faults import fault_point
 
 log = logging.getLogger(__name__)
 

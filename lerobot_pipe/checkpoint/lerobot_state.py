@@ -1,13 +1,14 @@
 """LeRobot's layouts of a checkpoint's training state, both ways: the optimizer state as one flat
-safetensors file (parameters numbered in the optimizer's order), every rank's RNG state under
-LeRobot's names (the main rank's flat, which LeRobot's ``load_rng_state`` reads), and the fp16
-loss scaler's state as JSON values.
+safetensors file (parameters numbered in the optimizer's order) with its param groups in torch's
+default implementation keys, every rank's RNG state under LeRobot's names (the main rank's flat,
+which LeRobot's ``load_rng_state`` reads), and the fp16 loss scaler's state as JSON values.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -188,3 +189,37 @@ def scaler_state(scaler: torch.amp.GradScaler) -> dict:
     return {
         k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in scaler.state_dict().items()
     }
+
+
+# How torch's optimizers run, not what they compute: a loaded state keeps this run's choice
+# (a checkpoint written by LeRobot, or by a run on another device, must not switch them).
+IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
+
+# torch's defaults of IMPLEMENTATION_KEYS: what LeRobot's optimizer_param_groups.json holds (its
+# loader refuses a value of another type, e.g. ``"fused": true`` where it has null).
+_TORCH_DEFAULTS = {"foreach": None, "fused": None, "capturable": False, "differentiable": False}
+
+
+def as_torch_defaults(param_groups: list[dict] | None) -> list[dict] | None:
+    """Saved param groups with torch's default implementation keys (the file LeRobot writes);
+    a resume here gives them back this run's (:func:`keep_implementation`)."""
+    if param_groups is None:
+        return None
+    return [{**g, **{k: v for k, v in _TORCH_DEFAULTS.items() if k in g}} for g in param_groups]
+
+
+def keep_implementation(optimizer: torch.optim.Optimizer, load: Callable[[], None]) -> None:
+    """Run ``load()`` (which loads a saved state into ``optimizer``), then give every group back
+    this optimizer's IMPLEMENTATION_KEYS, with the step counters where a fused or capturable
+    kernel wants them (float32, on the parameter's device; torch moves them only when the saved
+    groups say fused)."""
+    chosen = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
+    load()
+    for group, flags in zip(optimizer.param_groups, chosen, strict=True):
+        group.update(flags)
+        if not (flags.get("fused") or flags.get("capturable")):
+            continue
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if state and torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(dtype=torch.float32, device=p.device)

@@ -28,9 +28,8 @@ from lerobot_pipe.checkpoint.lerobot_state import (
     unflatten_tensors,
 )
 from lerobot_pipe.checkpoint.resume import ResumePoint
-from lerobot_pipe.checkpoint.stateful import TrainState
+from lerobot_pipe.checkpoint.stateful import EMAShadow, TrainState
 from lerobot_pipe.distributed.runtime import barrier, broadcast_from_main
-from lerobot_pipe.training.ema import EMAState
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +169,7 @@ def _load_ema(state: TrainState, step_dir: Path, reads: bool) -> None:
 
 
 def _load_full_shadow(
-    ema: EMAState, full: dict | None, source: Path, problem: str | None = None
+    ema: EMAShadow, full: dict | None, source: Path, problem: str | None = None
 ) -> None:
     """Collective: the shadow from the main rank's whole tensors (``full``; None elsewhere),
     checked there first."""

@@ -17,7 +17,7 @@ from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.policies.peft import write_adapter, write_adapter_config
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy
 from lerobot_pipe.processors import PolicyProcessorPipeline
-from lerobot_pipe.training.faults import fault_point
+from lerobot_pipe.utils.faults import fault_point
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ grad scaler are torch's own; :class:`ModelState` and :class:`OptimizerState` rea
 wrapped model and its optimizer through ``torch.distributed.checkpoint.state_dict`` (each rank's
 shards, or gathered whole: whatever the wrapping, DDP, FSDP2, HSDP); :class:`RNGState` is this
 process's generators; :class:`TrainProgress` is where the run is (loop steps and the data
-position); :class:`~lerobot_pipe.training.ema.EMAState` is the EMA shadow (``--ema.*``).
-``pretrained`` writes the ``pretrained_model/`` folder LeRobot's tools load.
+position); ``ema`` is the EMA shadow (``--ema.*``: training's ``EMAState``, which this package
+knows only as :class:`EMAShadow`). ``pretrained`` writes the ``pretrained_model/`` folder
+LeRobot's tools load.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from lerobot_pipe.checkpoint.layout import CheckpointError
-from lerobot_pipe.checkpoint.lerobot_state import capture_rng_state, restore_rng_state
-from lerobot_pipe.training.ema import EMAState
-from lerobot_pipe.training.optim import keep_implementation
+from lerobot_pipe.checkpoint.lerobot_state import (
+    capture_rng_state,
+    keep_implementation,
+    restore_rng_state,
+)
 
 
 def _full_options(**kwargs: Any) -> StateDictOptions:
@@ -138,6 +141,40 @@ class PretrainedWriter(Protocol):
         loop changes except through ``full_state``."""
 
 
+class EMAShadow(Protocol):
+    """What a checkpoint saves and restores of an EMA of the weights (training's ``EMAState``):
+    an fp32 shadow of the trainable parameters by state-dict name (this rank's shards when
+    sharded) and its update count. A checkpoint holds the shadow as the EMA policy's weights
+    (``pretrained_model_ema/``) and the count as ``ema_state.json``."""
+
+    shadow: dict[str, torch.Tensor]
+
+    def counters(self) -> dict:
+        """ema_state.json's values."""
+
+    def load_counters(self, saved: dict) -> None: ...
+
+    def reset(self) -> None:
+        """The shadow from the live weights, the count at 0."""
+
+    def weights(
+        self, model_state: dict[str, torch.Tensor], shadow: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The EMA policy's state dict: ``model_state`` with the shadow in place."""
+
+    def full_shadow(self) -> dict[str, torch.Tensor] | None:
+        """Collective: the whole shadow on the main rank (None elsewhere)."""
+
+    def load_full_shadow(self, full: dict[str, torch.Tensor] | None) -> None:
+        """Collective: every rank's shadow from the main rank's whole tensors."""
+
+    def problems_with(self, full: dict[str, torch.Tensor]) -> str | None:
+        """Why ``full`` cannot be this shadow, or None."""
+
+    def from_lerobot(self, saved: dict) -> dict[str, torch.Tensor]:
+        """LeRobot main's ema_state.pt as whole tensors by name (ValueError if it does not fit)."""
+
+
 @dataclass
 class TrainState:
     """Everything a checkpoint saves and restores."""
@@ -149,7 +186,7 @@ class TrainState:
     scaler: torch.amp.GradScaler | None = None
     rng: RNGState = field(default_factory=RNGState)
     progress: TrainProgress = field(default_factory=TrainProgress)
-    ema: EMAState | None = None  # with --ema.enable=true
+    ema: EMAShadow | None = None  # with --ema.enable=true
     stream: Stateful | None = None  # with --dataset.streaming=true (datasets/stream_sampler.py)
 
     @classmethod

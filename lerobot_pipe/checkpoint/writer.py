@@ -24,7 +24,7 @@ A save has two halves:
   copies (next to nccl on GPU), never interleaved with the loop's. The bytes written are the
   same either way.
 
-With ``--ema.enable=true`` the EMA policy (:mod:`lerobot_pipe.training.ema`: the model's state
+With ``--ema.enable=true`` the EMA policy (:class:`~.stateful.EMAShadow`: the model's state
 with the shadow in place of the trained parameters) goes the same two ways into
 ``pretrained_model_ema/``: gathered for its ``model.safetensors`` (in the loop, or from staged
 shards in the background), saved as DCP shards by every rank, its folder written by the same
@@ -80,6 +80,7 @@ from lerobot_pipe.checkpoint.layout import (
     update_last_link,
 )
 from lerobot_pipe.checkpoint.lerobot_state import (
+    as_torch_defaults,
     flatten_rng_states,
     flatten_tensors,
     index_optimizer_state,
@@ -89,8 +90,7 @@ from lerobot_pipe.checkpoint.manifest import file_entry, ordered
 from lerobot_pipe.checkpoint.stateful import PretrainedWriter, TrainState
 from lerobot_pipe.distributed.runtime import barrier, broadcast_from_main, gather_objects
 from lerobot_pipe.fsutil import fsync_path, write_json_atomic
-from lerobot_pipe.training.faults import fault_point, saving_step
-from lerobot_pipe.training.optim import as_torch_defaults
+from lerobot_pipe.utils.faults import fault_point, saving_step
 
 log = logging.getLogger(__name__)
 

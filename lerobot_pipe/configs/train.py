@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lerobot_pipe.configs.envs import EnvConfig
 from lerobot_pipe.configs.optim import OptimizerConfig, SchedulerConfig
-from lerobot_pipe.envs.configs import EnvConfig
-from lerobot_pipe.policies.pretrained import PreTrainedConfig
+from lerobot_pipe.configs.policies import PreTrainedConfig
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 ACTIVATION_CHECKPOINTING_MODES = ("none", "full")

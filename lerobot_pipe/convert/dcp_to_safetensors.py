@@ -79,14 +79,14 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.checkpoint.layout import CheckpointError, is_complete, read_training_step
 from lerobot_pipe.checkpoint.manifest import verify_files
 from lerobot_pipe.fsutil import fsync_path
-from lerobot_pipe.hub.repo_id import looks_like_repo_id
 from lerobot_pipe.policies.locate import (
     checkpoint_step_dir,
     ema_policy_dir,
     holds_policy_files,
     pretrained_dir,
 )
-from lerobot_pipe.training.faults import fault_point
+from lerobot_pipe.utils.faults import fault_point
+from lerobot_pipe.utils.repo_id import looks_like_repo_id
 
 logger = logging.getLogger(__name__)
 
@@ -328,9 +328,9 @@ def _read_adapter_config(pretrained: Path) -> dict:
 def _adapter_key_map(pretrained: Path, metadata: Metadata) -> dict[str, str]:
     """{adapter_model.safetensors name: DCP key}, as peft selects and names them for the policy
     of ``config.json`` wrapped as ``adapter_config.json`` says."""
+    from lerobot_pipe.configs.policies import PreTrainedConfig
     from lerobot_pipe.policies.factory import get_policy_class
     from lerobot_pipe.policies.peft import adapter_key_map, wrap_with_adapter_config
-    from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
     adapter_config = _read_adapter_config(pretrained)
     with torch.device("meta"):  # the module structure only: nothing allocated or initialized

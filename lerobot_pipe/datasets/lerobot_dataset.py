@@ -181,6 +181,20 @@ def _exact(paths: list[str]) -> list[str]:
     return [glob.escape(path) for path in paths]
 
 
+def episode_first_tasks(root: Path, episodes: Sequence[int]) -> dict[int, str]:
+    """Each episode's first task string (``meta/episodes``' ``tasks`` column; "" when empty)."""
+    tasks: dict[int, str] = {}
+    wanted = set(episodes)
+    for path in sorted(Path(root).glob(DATASET_EPISODES_GLOB)):
+        table = pq.read_table(path, columns=["episode_index", "tasks"])
+        for episode, names in zip(
+            table["episode_index"].to_pylist(), table["tasks"].to_pylist(), strict=True
+        ):
+            if episode in wanted:
+                tasks[episode] = names[0] if names else ""
+    return tasks
+
+
 def _read_episodes(root: Path, episodes: list[int] | None) -> dict[str, np.ndarray] | None:
     """meta/episodes columns (scalar ones) of ``episodes``, sorted by episode; None if absent."""
     files = sorted(root.glob(DATASET_EPISODES_GLOB))

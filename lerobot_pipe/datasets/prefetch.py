@@ -21,7 +21,7 @@ from lerobot_pipe.constants import SAMPLE_KEY
 from lerobot_pipe.datasets.lerobot_dataset import LeRobotDataset
 from lerobot_pipe.datasets.sampler import GlobalBatchSampler
 from lerobot_pipe.datasets.transforms import sample_keys
-from lerobot_pipe.training import faults
+from lerobot_pipe.utils import faults
 
 _POLL_S = 0.1
 Batch = dict[str, Any]  # tensors, and the "task" strings (a list)

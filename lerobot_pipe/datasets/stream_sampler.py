@@ -1,6 +1,6 @@
 """The order a streaming dataset is read in: whole episodes per rank, a shuffle buffer, resumable.
 
-Epoch ``e`` permutes the episodes (a keyed draw of ``(seed, e)``: ``keyed_random``) and deals
+Epoch ``e`` permutes the episodes (a keyed draw of ``(seed, e)``: ``utils.random``) and deals
 them, in that order, to the data-parallel ranks: each episode goes to the rank that has been
 given the fewest samples so far, counted over every epoch since the world started, so the ranks'
 streams never drift apart by more than one episode and every episode is read by one rank only.
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from lerobot_pipe.datasets.transforms import sample_keys
-from lerobot_pipe.policies.keyed_random import keyed_uniform, stream_id
+from lerobot_pipe.utils.random import keyed_uniform, stream_id
 
 DEFAULT_SHUFFLE_BUFFER = 1000  # samples; LeRobot's StreamingLeRobotDataset buffer_size default
 _ORDER_STREAM = stream_id("streaming.episode_order")

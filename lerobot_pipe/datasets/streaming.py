@@ -48,6 +48,7 @@ from lerobot_pipe.datasets.lerobot_dataset import (
     DatasetError,
     LeRobotDataset,
     _read_episodes,
+    episode_first_tasks,
     read_metadata,
 )
 from lerobot_pipe.datasets.mp4_index import frame_ranges
@@ -259,8 +260,6 @@ class StreamingLeRobotDataset:
         ``task_index`` the held-out split groups by, known before any data file is read."""
         if self.tasks is None:
             return np.zeros(self.num_episodes, np.int64)
-        from lerobot_pipe.training.heldout import episode_first_tasks
-
         by_name = {task: i for i, task in enumerate(self.tasks)}
         firsts = episode_first_tasks(self.root, self._episode_ids.tolist())
         return np.asarray([by_name.get(firsts.get(e, ""), 0) for e in self._episode_ids], np.int64)

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from lerobot_pipe.configs.envs import EnvConfig
 from lerobot_pipe.configs.types import ACTION, OBS_ENV_STATE, OBS_STATE
-from lerobot_pipe.envs.configs import OBS_IMAGE, OBS_IMAGES, EnvConfig
+from lerobot_pipe.envs.configs import OBS_IMAGE, OBS_IMAGES
 
 TASK_ATTRIBUTES = ("task_description", "task")
 

@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.configs.envs import EnvConfig
 from lerobot_pipe.datasets.transforms import sample_keys
 from lerobot_pipe.distributed.runtime import broadcast_from_main, gather_objects
-from lerobot_pipe.envs.configs import EnvConfig
 from lerobot_pipe.evaluation.info import eval_info, task_metrics, write_eval_info
 from lerobot_pipe.evaluation.rollout import EpisodeResult, batches, episode_results, rollout
 from lerobot_pipe.evaluation.video import write_video

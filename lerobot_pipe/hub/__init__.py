@@ -1,7 +1,7 @@
 """Publishing to the Hugging Face Hub: folders, checkpoints and model cards.
 
-The names below load :mod:`.publish` (huggingface_hub) on first use, so that
-:mod:`.repo_id`, which flag checks import before launch, costs nothing more."""
+The names below load :mod:`.publish` (huggingface_hub) on first use, so that importing the
+package costs nothing until one of them is used."""
 
 from __future__ import annotations
 

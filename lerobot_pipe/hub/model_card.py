@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.hub.repo_id import looks_like_repo_id
+from lerobot_pipe.utils.repo_id import looks_like_repo_id
 
 _SECRET_KEY_RE = re.compile(r"token|secret|password|passwd|api_?key|credential", re.IGNORECASE)
 _HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{16,}")

@@ -54,13 +54,13 @@ from huggingface_hub.errors import HfHubHTTPError
 from lerobot_pipe import __version__
 from lerobot_pipe import constants as C
 from lerobot_pipe.fsutil import write_json_atomic
-from lerobot_pipe.hub.repo_id import repo_id_problem
 from lerobot_pipe.policies.locate import (
     checkpoint_step_dir,
     ema_policy_dir,
     holds_policy_files,
     pretrained_dir,
 )
+from lerobot_pipe.utils.repo_id import repo_id_problem
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class PublishReceipt:
 # ---------------------------------------------------------------------------- validation
 def validate_repo_id(repo_id: str) -> str:
     """``repo_id`` unchanged when it is ``namespace/name`` with the Hub's allowed characters
-    (:func:`~lerobot_pipe.hub.repo_id.repo_id_problem`), else PublishError saying why."""
+    (:func:`~lerobot_pipe.utils.repo_id.repo_id_problem`), else PublishError saying why."""
     problem = repo_id_problem(repo_id)
     if problem:
         raise PublishError(problem)
@@ -556,8 +556,8 @@ def _step_folder_name(pretrained: Path, step: int) -> str:
 def _rebuild_problem(pretrained: Path) -> str | None:
     """What the policy's config says others would miss to rebuild it (its ``publish_problem``);
     None for a config this version cannot read (published as it is)."""
+    from lerobot_pipe.configs.policies import PreTrainedConfig
     from lerobot_pipe.policies.factory import discover_policies
-    from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
     discover_policies()
     try:

@@ -22,7 +22,7 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, output_dir: str | Path, eval
     ``output_dir`` while ``checkpoint_dir`` (``<train output>/checkpoints/<step>``) is pinned.
     Returns eval_info; raises lerobot-eval's BadInput / ConfigError for bad flags."""
     from lerobot_pipe.configs.parser import parse_options
-    from lerobot_pipe.scripts.eval import EvalPipelineOptions, run
+    from lerobot_pipe.evaluation.eval_policy import EvalPipelineOptions, run
 
     step_dir = Path(checkpoint_dir)
     out = Path(output_dir)

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.hub.repo_id import looks_like_repo_id
+from lerobot_pipe.utils.repo_id import looks_like_repo_id
 
 POLICY_FILE_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.yaml"]
 _STEP_FOLDER = re.compile(r"^checkpoints/(\d+)/")

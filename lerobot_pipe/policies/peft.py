@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.policies.pretrained import PreTrainedConfig, PreTrainedPolicy
+from lerobot_pipe.configs.policies import PreTrainedConfig
+from lerobot_pipe.policies.pretrained import PreTrainedPolicy
 
 if TYPE_CHECKING:
     from lerobot_pipe.configs.train import PeftConfig

@@ -1,7 +1,8 @@
 """LeRobot's processor pipelines around the policy: renaming, batching, device placement,
-normalization of inputs and unnormalization of actions."""
+normalization of inputs and unnormalization of actions. A policy's pair is built or loaded by
+``lerobot_pipe.policies.factory.make_pre_post_processors`` (LeRobot's place), which also
+registers the policies' own steps."""
 
-from lerobot_pipe.processors.factory import make_pre_post_processors
 from lerobot_pipe.processors.normalize import NormalizerProcessorStep, UnnormalizerProcessorStep
 from lerobot_pipe.processors.pipeline import (
     PolicyProcessorPipeline,
@@ -24,6 +25,5 @@ __all__ = [
     "ProcessorStep",
     "RenameObservationsProcessorStep",
     "UnnormalizerProcessorStep",
-    "make_pre_post_processors",
     "register_step",
 ]

@@ -171,13 +171,8 @@ class PolicyProcessorPipeline:
         path: Path, entry: dict[str, Any], overrides: dict[str, dict[str, Any]]
     ) -> ProcessorStep:
         name = entry.get("registry_name")
+        # A policy's own steps register when its package is imported (lerobot_pipe.policies).
         step_cls = _STEPS.get(name)
-        if step_cls is None:
-            # A policy's own steps register when its package is imported.
-            from lerobot_pipe.policies.factory import discover_policies
-
-            discover_policies()
-            step_cls = _STEPS.get(name)
         if step_cls is None:
             raise ProcessorError(
                 f"{path}: processor step {name!r} is not supported here (supported: "

@@ -194,9 +194,9 @@ class EvaluateOptions:
 
 def cmd_evaluate(options: EvaluateOptions, eval_args: list[str]) -> int:
     from lerobot_pipe.configs.parser import ConfigError
+    from lerobot_pipe.evaluation.eval_policy import BadInput
     from lerobot_pipe.pipeline.config import with_eval_config_keys
     from lerobot_pipe.pipeline.evaluate_job import evaluate_checkpoint
-    from lerobot_pipe.scripts.eval import BadInput
 
     try:
         evaluate_checkpoint(options.checkpoint_dir, options.output_dir, eval_args)

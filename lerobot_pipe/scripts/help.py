@@ -199,10 +199,11 @@ def parse_command(
 
 
 def train_help() -> str:
+    from lerobot_pipe import envs, policies  # noqa: F401 - register every --env and --policy type
+    from lerobot_pipe.configs.envs import EnvConfig
     from lerobot_pipe.configs.optim import OptimizerConfig, SchedulerConfig
+    from lerobot_pipe.configs.policies import PreTrainedConfig
     from lerobot_pipe.configs.train import TrainConfig
-    from lerobot_pipe.envs.configs import EnvConfig
-    from lerobot_pipe.policies import PreTrainedConfig
 
     lines = [
         "usage: lerobot-train --dataset.root=DIR --policy.type=act [--flag=value ...]",

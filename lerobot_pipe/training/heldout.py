@@ -30,16 +30,15 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.datasets import LeRobotDataset
+from lerobot_pipe.datasets.lerobot_dataset import episode_first_tasks
 from lerobot_pipe.datasets.prefetch import to_device
 from lerobot_pipe.datasets.transforms import sample_keys
 
@@ -84,20 +83,6 @@ def split_episodes(
             "out); lower it"
         )
     return train, held_out, len(groups)
-
-
-def episode_first_tasks(root: Path, episodes: Sequence[int]) -> dict[int, str]:
-    """Each episode's first task string (``meta/episodes``' ``tasks`` column; "" when empty)."""
-    tasks: dict[int, str] = {}
-    wanted = set(episodes)
-    for path in sorted(Path(root).glob(C.DATASET_EPISODES_GLOB)):
-        table = pq.read_table(path, columns=["episode_index", "tasks"])
-        for episode, names in zip(
-            table["episode_index"].to_pylist(), table["tasks"].to_pylist(), strict=True
-        ):
-            if episode in wanted:
-                tasks[episode] = names[0] if names else ""
-    return tasks
 
 
 def cap_samples(rows: np.ndarray, task_index: np.ndarray, max_samples: int) -> np.ndarray:

@@ -30,11 +30,6 @@ from lerobot_pipe.configs.parser import ConfigError
 log = logging.getLogger(__name__)
 
 
-# How torch's optimizers run, not what they compute: a loaded state keeps this run's choice
-# (a checkpoint written by LeRobot, or by a run on another device, must not switch them).
-IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
-
-
 def make_optimizer(
     param_groups: list[dict], cfg: OptimizerConfig, *, fused: bool = True
 ) -> torch.optim.Optimizer:
@@ -83,36 +78,6 @@ def _materialized(param_groups) -> list[dict]:
         uniform = len({isinstance(p, DTensor) for p in params}) <= 1
         out.append({**group, "params": params, **({} if uniform else {"fused": False})})
     return out
-
-
-# torch's defaults of IMPLEMENTATION_KEYS: what LeRobot's optimizer_param_groups.json holds (its
-# loader refuses a value of another type, e.g. ``"fused": true`` where it has null).
-_TORCH_DEFAULTS = {"foreach": None, "fused": None, "capturable": False, "differentiable": False}
-
-
-def as_torch_defaults(param_groups: list[dict] | None) -> list[dict] | None:
-    """Saved param groups with torch's default implementation keys (the file LeRobot writes);
-    a resume here gives them back this run's (:func:`keep_implementation`)."""
-    if param_groups is None:
-        return None
-    return [{**g, **{k: v for k, v in _TORCH_DEFAULTS.items() if k in g}} for g in param_groups]
-
-
-def keep_implementation(optimizer: torch.optim.Optimizer, load) -> None:
-    """Run ``load()`` (which loads a saved state into ``optimizer``), then give every group back
-    this optimizer's IMPLEMENTATION_KEYS, with the step counters where a fused or capturable
-    kernel wants them (float32, on the parameter's device; torch moves them only when the saved
-    groups say fused)."""
-    chosen = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
-    load()
-    for group, flags in zip(optimizer.param_groups, chosen, strict=True):
-        group.update(flags)
-        if not (flags.get("fused") or flags.get("capturable")):
-            continue
-        for p in group["params"]:
-            state = optimizer.state.get(p)
-            if state and torch.is_tensor(state.get("step")):
-                state["step"] = state["step"].to(dtype=torch.float32, device=p.device)
 
 
 def _constant_with_warmup(warmup: int):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lerobot_pipe import constants as C
+from lerobot_pipe import envs  # noqa: F401 - registers the --env.type choices
 from lerobot_pipe.checkpoint import resume
 from lerobot_pipe.checkpoint.layout import CheckpointError, list_complete_checkpoints
 from lerobot_pipe.checkpoint.resume import ResumePoint
@@ -40,6 +41,7 @@ from lerobot_pipe.configs.parser import (
     replace,
     split_flags,
 )
+from lerobot_pipe.configs.policies import PreTrainedConfig
 from lerobot_pipe.configs.train import (
     ACTIVATION_CHECKPOINTING_MODES,
     CHECKPOINT_FORMATS,
@@ -59,10 +61,9 @@ from lerobot_pipe.distributed.env_guard import AccelerateEnvError, check_acceler
 from lerobot_pipe.distributed.parallel_dims import ParallelDims, resolve_parallelism
 from lerobot_pipe.distributed.runtime import launched_rank
 from lerobot_pipe.hub.publish import PublishError
-from lerobot_pipe.hub.repo_id import looks_like_repo_id, repo_id_problem
 from lerobot_pipe.policies import factory  # noqa: F401 - registers the policy types
 from lerobot_pipe.policies.locate import checkpoint_step_dir, local_policy_folder, pretrained_dir
-from lerobot_pipe.policies.pretrained import ACTION, OBS_PREFIX, PreTrainedConfig
+from lerobot_pipe.policies.pretrained import ACTION, OBS_PREFIX
 from lerobot_pipe.policies.vision.imagenet_weights import (
     BackboneWeightsError,
     ensure_backbone_weights,
@@ -71,6 +72,7 @@ from lerobot_pipe.policies.vision.imagenet_weights import (
 from lerobot_pipe.training.heldout import HeldOutSplit, plan_split, train_episode_mask
 from lerobot_pipe.training.run_lock import RunLockError, check_run_lock
 from lerobot_pipe.training.trackers import TrackerError, wandb_problem
+from lerobot_pipe.utils.repo_id import looks_like_repo_id, repo_id_problem
 
 if TYPE_CHECKING:
     from lerobot_pipe.distributed.parallelize import ShardingPlan

@@ -11,12 +11,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -57,7 +55,12 @@ from lerobot_pipe.distributed.unit_probe import MetaValues, find_bypassed_module
 from lerobot_pipe.evaluation.in_training import InTrainingEval, eval_batch_size
 from lerobot_pipe.evaluation.in_training import describe as describe_rollouts
 from lerobot_pipe.evaluation.in_training import summary as env_eval_summary
-from lerobot_pipe.policies.factory import fill_features, get_policy_class, make_policy
+from lerobot_pipe.policies.factory import (
+    fill_features,
+    get_policy_class,
+    make_policy,
+    make_pre_post_processors,
+)
 from lerobot_pipe.policies.locate import local_policy_folder
 from lerobot_pipe.policies.peft import adapter_key_map, apply_peft
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy
@@ -65,9 +68,7 @@ from lerobot_pipe.processors import (
     NormalizerProcessorStep,
     PolicyProcessorPipeline,
     RenameObservationsProcessorStep,
-    make_pre_post_processors,
 )
-from lerobot_pipe.training import faults
 from lerobot_pipe.training.ema import EMAState, evaluation_weights
 from lerobot_pipe.training.heldout import describe as describe_heldout
 from lerobot_pipe.training.heldout import heldout_loss
@@ -78,14 +79,10 @@ from lerobot_pipe.training.progress import EventChannel, ProgressReporter
 from lerobot_pipe.training.run_lock import RunLock, RunLockError, acquire_run_lock
 from lerobot_pipe.training.step_time import StepTimer
 from lerobot_pipe.training.trackers import MetricsLog, TrackerError
+from lerobot_pipe.utils import faults
+from lerobot_pipe.utils.random import seed_everything
 
 log = logging.getLogger("lerobot_pipe.train")
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def banner(

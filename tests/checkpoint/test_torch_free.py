@@ -13,7 +13,7 @@ TORCH_FREE = [
     "lerobot_pipe.pipeline.config",
     "lerobot_pipe.training.progress",
     "lerobot_pipe.training.trackers",
-    "lerobot_pipe.hub.repo_id",
+    "lerobot_pipe.utils.repo_id",
 ]
 
 

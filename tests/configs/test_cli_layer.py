@@ -10,10 +10,10 @@ import typing
 import pytest
 
 from lerobot_pipe.configs.choice import ChoiceRegistry
+from lerobot_pipe.configs.envs import EnvConfig
 from lerobot_pipe.configs.optim import OptimizerConfig, SchedulerConfig
+from lerobot_pipe.configs.policies import PreTrainedConfig
 from lerobot_pipe.configs.train import TrainConfig
-from lerobot_pipe.envs.configs import EnvConfig
-from lerobot_pipe.policies import PreTrainedConfig
 from lerobot_pipe.scripts import cli, convert_dcp
 from lerobot_pipe.scripts import train as train_script
 

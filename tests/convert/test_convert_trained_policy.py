@@ -12,8 +12,8 @@ from tiny import run_train, tiny_act_flags
 
 from lerobot_pipe.convert.dcp_to_safetensors import convert_checkpoint
 from lerobot_pipe.policies.act import ACTPolicy
+from lerobot_pipe.policies.factory import make_pre_post_processors
 from lerobot_pipe.policies.peft import load_pretrained_policy
-from lerobot_pipe.processors import make_pre_post_processors
 
 pytestmark = pytest.mark.torch_range
 

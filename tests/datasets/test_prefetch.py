@@ -129,8 +129,7 @@ def test_cameras_reach_the_policy_as_contiguous_nchw(
     torchcodec's frames are a channels-last view of what it decodes, and on a CPU the
     convolutions run 12-18 % slower on them (issue 19, bench/bench_memory_format.py)."""
     from lerobot_pipe.policies.act import ACT_TINY_PRESET, ACTConfig
-    from lerobot_pipe.policies.factory import make_policy
-    from lerobot_pipe.processors import make_pre_post_processors
+    from lerobot_pipe.policies.factory import make_policy, make_pre_post_processors
 
     cfg = ACTConfig(**{**ACT_TINY_PRESET, "pretrained_backbone_weights": None})
     fps = 10

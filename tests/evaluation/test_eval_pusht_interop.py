@@ -97,7 +97,7 @@ def evaluations(upstream_sim, tmp_path_factory):
     from tiny import run_train
 
     from lerobot_pipe.configs.parser import parse_options
-    from lerobot_pipe.scripts.eval import EvalPipelineOptions, run
+    from lerobot_pipe.evaluation.eval_policy import EvalPipelineOptions, run
 
     upstream, extra = upstream_sim
     root = tmp_path_factory.mktemp("pusht_eval")

@@ -3,7 +3,7 @@ checkpoint write, then rerun the same command. Nothing complete is lost or damag
 resumes from the newest complete checkpoint, and the final weights equal an uninterrupted run's.
 
 The fault hook (LEROBOT_PIPE_FAULT_POINT=<point>@<step>:rank<r>) kills at named points; see
-lerobot_pipe/training/faults.py. Every fault point in the package is killed at by a case here or
+lerobot_pipe/utils/faults.py. Every fault point in the package is killed at by a case here or
 in test_kill_conversion.py: test_every_fault_point_is_killed_at reads them from the source, so a
 new point without a case fails. Each test runs alone (no test depends on another having run)."""
 

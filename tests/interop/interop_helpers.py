@@ -182,9 +182,9 @@ def our_actions(
 ) -> OurActions:
     """What lerobot_pipe does with one observation, loading the folder as lerobot-eval would:
     the policy (a LoRA checkpoint merged), its processors with lerobot-eval's overrides."""
+    from lerobot_pipe.configs.policies import PreTrainedConfig
+    from lerobot_pipe.policies.factory import make_pre_post_processors
     from lerobot_pipe.policies.peft import load_pretrained_policy
-    from lerobot_pipe.policies.pretrained import PreTrainedConfig
-    from lerobot_pipe.processors import make_pre_post_processors
 
     cfg = PreTrainedConfig.from_pretrained(pretrained_dir)
     policy = load_pretrained_policy(pretrained_dir)
@@ -208,9 +208,9 @@ def our_actions(
 
 def our_loss(pretrained_dir: Path, batch_file: Path) -> tuple[torch.Tensor, dict, dict]:
     """Our training loss, its parts and the gradients on a raw batch, seeded as the driver is."""
+    from lerobot_pipe.configs.policies import PreTrainedConfig
+    from lerobot_pipe.policies.factory import make_pre_post_processors
     from lerobot_pipe.policies.peft import load_pretrained_policy
-    from lerobot_pipe.policies.pretrained import PreTrainedConfig
-    from lerobot_pipe.processors import make_pre_post_processors
 
     cfg = PreTrainedConfig.from_pretrained(pretrained_dir)
     policy = load_pretrained_policy(pretrained_dir)

@@ -82,8 +82,8 @@ def test_lerobot_main_shadow_order_is_our_parameter_order(lerobot_acts, ema_step
     """LeRobot main's ema_state.pt lists the shadow by position, in the order of its policy's
     parameters(): LeRobot's ACT registers its parameters in the order ours does, so a resume
     maps each tensor onto the parameter of the same name."""
+    from lerobot_pipe.configs.policies import PreTrainedConfig
     from lerobot_pipe.policies.factory import get_policy_class
-    from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
     folder = ema_step / C.PRETRAINED_MODEL_EMA_DIR
     theirs = lerobot_acts.json(f"{C.PRETRAINED_MODEL_EMA_DIR}.safetensors.parameters.json")

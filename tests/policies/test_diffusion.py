@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lerobot_pipe.configs.policies import PreTrainedConfig
 from lerobot_pipe.configs.train import AcceleratorConfig, PeftConfig
 from lerobot_pipe.constants import SAMPLE_KEY
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
@@ -18,10 +19,9 @@ from lerobot_pipe.distributed.parallelize import apply_fsdp, plan_sharding, sele
 from lerobot_pipe.distributed.runtime import DistEnv
 from lerobot_pipe.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from lerobot_pipe.policies.factory import discover_policies, get_policy_class
-from lerobot_pipe.policies.keyed_random import keyed_integers, keyed_normal, keyed_uniform
 from lerobot_pipe.policies.peft import apply_peft
-from lerobot_pipe.policies.pretrained import PreTrainedConfig
 from lerobot_pipe.policies.vision import BatchNorm2d
+from lerobot_pipe.utils.random import keyed_integers, keyed_normal, keyed_uniform
 
 CAMERAS = ("observation.images.top", "observation.images.wrist")
 # 48x48: the smallest frames whose resnet18 feature map (2x2) the spatial softmax can use.

@@ -26,7 +26,7 @@ from upstream import find_upstream
 
 from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.policies.diffusion import DiffusionConfig, DiffusionPolicy
-from lerobot_pipe.processors import make_pre_post_processors
+from lerobot_pipe.policies.factory import make_pre_post_processors
 
 UPSTREAM, WHY_NOT = find_upstream()
 DRIVER = Path(__file__).with_name("lerobot_diffusion_driver.py")

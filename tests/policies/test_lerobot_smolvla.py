@@ -34,9 +34,9 @@ pytest.importorskip("transformers", reason="SmolVLA needs transformers: lerobot_
 from smolvla_tiny import build_tiny_smolvlm  # noqa: E402
 
 from lerobot_pipe.configs.parser import to_dict  # noqa: E402
-from lerobot_pipe.policies.pretrained import PreTrainedConfig  # noqa: E402
+from lerobot_pipe.configs.policies import PreTrainedConfig  # noqa: E402
+from lerobot_pipe.policies.factory import make_pre_post_processors  # noqa: E402
 from lerobot_pipe.policies.smolvla import SmolVLAConfig, SmolVLAPolicy  # noqa: E402
-from lerobot_pipe.processors import make_pre_post_processors  # noqa: E402
 
 UPSTREAM, WHY_NOT = find_upstream()
 DRIVER = Path(__file__).with_name("lerobot_smolvla_driver.py")

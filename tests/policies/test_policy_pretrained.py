@@ -7,13 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from lerobot_pipe.configs.policies import PreTrainedConfig
 from lerobot_pipe.constants import CONFIG_NAME, MODEL_DCP_DIR, MODEL_SAFETENSORS
-from lerobot_pipe.policies import (
-    ACTConfig,
-    ACTPolicy,
-    PreTrainedConfig,
-    dataset_to_policy_features,
-)
+from lerobot_pipe.policies import ACTConfig, ACTPolicy, dataset_to_policy_features
 from lerobot_pipe.policies.act import ACT_TINY_PRESET
 
 INPUTS = {

@@ -102,7 +102,7 @@ def tiny_vlm(tmp_path_factory) -> Path:
 
 
 def test_pipelines_are_lerobots(tiny_vlm, tmp_path):
-    from lerobot_pipe.processors import make_pre_post_processors
+    from lerobot_pipe.policies.factory import make_pre_post_processors
 
     cfg = SmolVLAConfig.tiny(vlm_model_name=str(tiny_vlm), **FEATURES)
     stats = {"observation.state": {"mean": [0.0, 1.0], "std": [1.0, 2.0]},
@@ -226,8 +226,8 @@ def test_train_run_checkpoint_reloads(tiny_vlm, tmp_path):
     from tiny import run_train
 
     from lerobot_pipe.datasets import write_synthetic_dataset
+    from lerobot_pipe.policies.factory import make_pre_post_processors
     from lerobot_pipe.policies.smolvla import SmolVLAPolicy
-    from lerobot_pipe.processors import make_pre_post_processors
 
     root = write_synthetic_dataset(
         tmp_path / "ds", num_episodes=4, episode_length=10, cameras=["top"], image_size=32,
@@ -338,8 +338,8 @@ def test_vlm_from_a_hub_id_through_the_cache(tiny_vlm, tmp_path, hub_server):  #
     from huggingface_hub import HfApi
     from smolvla_tiny import build_tiny_smolvlm
 
+    from lerobot_pipe.policies.factory import make_pre_post_processors
     from lerobot_pipe.policies.smolvla import SmolVLAPolicy
-    from lerobot_pipe.processors import make_pre_post_processors
 
     folder = build_tiny_smolvlm(tmp_path / "vlm", with_weights=True)
     api = HfApi(endpoint=hub_server.url, token=hub_server.token)

@@ -11,12 +11,12 @@ from safetensors.torch import load_file
 
 from lerobot_pipe.constants import POLICY_POSTPROCESSOR_NAME, POLICY_PREPROCESSOR_NAME
 from lerobot_pipe.policies import ACTConfig
+from lerobot_pipe.policies.factory import make_pre_post_processors
 from lerobot_pipe.processors import (
     NormalizerProcessorStep,
     PolicyProcessorPipeline,
     ProcessorError,
     UnnormalizerProcessorStep,
-    make_pre_post_processors,
 )
 
 FEATURES = {

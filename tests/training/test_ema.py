@@ -217,8 +217,8 @@ def test_resume_from_lerobot_main_ema_state(schedule_run, tmp_path):
 
 def _parameter_order(pretrained) -> list[str]:
     """The policy's parameters() order (what diffusers' shadow_params list follows)."""
+    from lerobot_pipe.configs.policies import PreTrainedConfig
     from lerobot_pipe.policies.factory import get_policy_class
-    from lerobot_pipe.policies.pretrained import PreTrainedConfig
 
     config = PreTrainedConfig.from_pretrained(pretrained)
     with torch.device("meta"):

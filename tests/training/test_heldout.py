@@ -232,8 +232,8 @@ def test_eval_loss_is_the_same_on_every_topology(runs, topology, request):
 def _per_sample_mean(pretrained: Path, root: Path) -> float:
     """The policy in ``pretrained`` run on each held-out frame alone (a batch of one: the
     policy's own mean loss is that sample's loss), the mean over the frames."""
-    from lerobot_pipe.policies.factory import get_policy_class
-    from lerobot_pipe.processors import NormalizerProcessorStep, make_pre_post_processors
+    from lerobot_pipe.policies.factory import get_policy_class, make_pre_post_processors
+    from lerobot_pipe.processors import NormalizerProcessorStep
     from lerobot_pipe.training.preflight import _delta_timestamps
 
     policy = get_policy_class("act").from_pretrained(pretrained)
@@ -278,7 +278,8 @@ def test_the_held_out_loss_is_the_live_weights_not_the_ema(multitask_root, tmp_p
 
 def _diffusion_session(root, out):
     from lerobot_pipe.policies.factory import make_policy
-    from lerobot_pipe.training.train import make_processors, seed_everything
+    from lerobot_pipe.training.train import make_processors
+    from lerobot_pipe.utils.random import seed_everything
 
     plan = _plan(root, out, {"dataset.eval_split": SPLIT}, "diffusion")
     seed_everything(0)
@@ -346,7 +347,8 @@ def test_camera_frames_are_evaluated_without_augmentation(diffusion_camera_root,
     opened without them."""
     from lerobot_pipe.policies.factory import make_policy
     from lerobot_pipe.training.preflight import _delta_timestamps
-    from lerobot_pipe.training.train import make_processors, seed_everything
+    from lerobot_pipe.training.train import make_processors
+    from lerobot_pipe.utils.random import seed_everything
 
     extra = {"dataset.eval_split": 0.2, "dataset.image_transforms.enable": "true"}
     plan = _plan(diffusion_camera_root, tmp_path / "out", extra, "diffusion")
@@ -385,8 +387,8 @@ def test_smolvla_held_out_loss_is_its_per_sample_mean(tmp_path):
     from smolvla_tiny import build_tiny_smolvlm
 
     from lerobot_pipe.datasets import write_synthetic_dataset
+    from lerobot_pipe.policies.factory import make_pre_post_processors
     from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET, SmolVLAPolicy
-    from lerobot_pipe.processors import make_pre_post_processors
     from lerobot_pipe.training.preflight import _delta_timestamps
 
     vlm = build_tiny_smolvlm(tmp_path / "vlm")

@@ -110,7 +110,7 @@ def test_a_loaded_state_of_the_loop_keeps_this_runs_fused_kernel():
     default); loading it (torch takes the saved groups' keys) must not switch this run back to
     the loop: the implementation keys are this optimizer's, the hyper-parameters the saved
     ones, the step counters float32 as the fused kernel wants them."""
-    from lerobot_pipe.training.optim import keep_implementation
+    from lerobot_pipe.checkpoint.lerobot_state import keep_implementation
 
     lerobots_params = _params_with_grads(1)
     lerobots = torch.optim.AdamW(lerobots_params, lr=3e-3)

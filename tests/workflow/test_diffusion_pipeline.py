@@ -13,7 +13,7 @@ from tiny import TINY_DIFFUSION
 
 from lerobot_pipe.constants import PRETRAINED_MODEL_DIR
 from lerobot_pipe.policies.diffusion import DiffusionPolicy
-from lerobot_pipe.processors import make_pre_post_processors
+from lerobot_pipe.policies.factory import make_pre_post_processors
 
 pytestmark = pytest.mark.slow
 

@@ -189,7 +189,7 @@ def check_eval_flags():
     value fails before anything trains, naming the config key."""
     from lerobot_pipe.configs.parser import ConfigError, parse_options
     from lerobot_pipe.pipeline.config import with_eval_config_keys
-    from lerobot_pipe.scripts.eval import EvalPipelineOptions
+    from lerobot_pipe.evaluation.eval_policy import EvalPipelineOptions
 
     try:
         parse_options(EvalPipelineOptions, eval_flags())

@@ -6,13 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lerobot_pipe.configs.optim import AdamWConfig
-from lerobot_pipe.policies.pretrained import (
-    ACTION,
-    OBS_ENV_STATE,
-    OBS_IMAGES_PREFIX,
-    OBS_STATE,
-    PreTrainedConfig,
-)
+from lerobot_pipe.configs.policies import PreTrainedConfig
+from lerobot_pipe.policies.pretrained import ACTION, OBS_ENV_STATE, OBS_IMAGES_PREFIX, OBS_STATE
 from lerobot_pipe.policies.vision.imagenet_weights import resolve_weights
 from lerobot_pipe.policies.vision.resnet import RESNET_VARIANTS, BasicBlock
 

@@ -10,7 +10,7 @@ and on the diffusion step, denoises a ``horizon``-long action sequence; diffuser
 scheduler adds the training noise and runs the reverse process at inference.
 
 Training randomness (the noise, the diffusion step and the random crop) is drawn per sample from
-``batch["sample_key"]`` (:mod:`lerobot_pipe.policies.keyed_random`), so it does not depend on the
+``batch["sample_key"]`` (:mod:`lerobot_pipe.utils.random`), so it does not depend on the
 rank a sample lands on; a batch without keys (a user's own loop) gets keys from torch's global
 RNG. Inference draws its initial noise (and DDPM's step noise) from torch's global RNG, as
 LeRobot does: the same seed gives LeRobot's actions. An observation batch with keys (the
@@ -33,11 +33,6 @@ from torch.utils.checkpoint import checkpoint
 
 from lerobot_pipe.constants import SAMPLE_KEY
 from lerobot_pipe.policies.diffusion.configuration_diffusion import DiffusionConfig
-from lerobot_pipe.policies.keyed_random import (
-    keyed_integers,
-    keyed_normal,
-    stream_id,
-)
 from lerobot_pipe.policies.pretrained import (
     ACTION,
     OBS_ENV_STATE,
@@ -52,6 +47,11 @@ from lerobot_pipe.policies.vision import (
     resnet_backbone,
 )
 from lerobot_pipe.policies.vision.resnet import group_norm_16
+from lerobot_pipe.utils.random import (
+    keyed_integers,
+    keyed_normal,
+    stream_id,
+)
 
 ACTION_IS_PAD = "action_is_pad"
 # LeRobot's key of the stacked cameras, (B, n_obs_steps, n_cameras, 3, H, W), in its queues.

@@ -14,12 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from lerobot_pipe.configs.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
-from lerobot_pipe.policies.pretrained import (
-    ACTION,
-    OBS_IMAGES_PREFIX,
-    OBS_STATE,
-    PreTrainedConfig,
-)
+from lerobot_pipe.configs.policies import PreTrainedConfig
+from lerobot_pipe.policies.pretrained import ACTION, OBS_IMAGES_PREFIX, OBS_STATE
 
 DEFAULT_VLM = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
 ATTENTION_MODES = ("cross_attn", "self_attn")
@@ -268,7 +264,7 @@ class SmolVLAConfig(PreTrainedConfig):
     def publish_problem(self) -> str | None:
         """A ``vlm_model_name`` that is a local folder is recorded as it is (as LeRobot does),
         but nobody else can rebuild the VLM from it."""
-        from lerobot_pipe.hub.repo_id import looks_like_repo_id
+        from lerobot_pipe.utils.repo_id import looks_like_repo_id
 
         name = self.vlm_model_name
         if looks_like_repo_id(name) and not Path(name).expanduser().exists():

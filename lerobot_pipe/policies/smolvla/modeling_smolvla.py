@@ -9,7 +9,7 @@ dimensions and the non-padded steps). Sampling integrates the predicted velocity
 key/value cache of the prefix.
 
 Training randomness (noise and time) is drawn per sample from ``batch["sample_key"]``
-(:mod:`lerobot_pipe.policies.keyed_random`) when the batch has one and none is passed, so a
+(:mod:`lerobot_pipe.utils.random`) when the batch has one and none is passed, so a
 data-parallel run computes what one process computes; otherwise from torch's RNG, as LeRobot's.
 """
 
@@ -24,7 +24,6 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from lerobot_pipe.constants import SAMPLE_KEY
-from lerobot_pipe.policies.keyed_random import keyed_normal, keyed_uniform, stream_id
 from lerobot_pipe.policies.pretrained import ACTION, OBS_STATE, PreTrainedPolicy
 from lerobot_pipe.policies.smolvla.configuration_smolvla import SmolVLAConfig
 from lerobot_pipe.policies.smolvla.processor_smolvla import (
@@ -33,6 +32,7 @@ from lerobot_pipe.policies.smolvla.processor_smolvla import (
     load_tokenizer,
 )
 from lerobot_pipe.policies.smolvla.vlm_expert import SmolVLMWithExpert, vlm_weight_files
+from lerobot_pipe.utils.random import keyed_normal, keyed_uniform, stream_id
 
 ACTION_IS_PAD = "action_is_pad"
 NOISE_STREAM = stream_id("smolvla.noise")

@@ -1,4 +1,5 @@
-"""Random draws that are a pure function of a per-sample key, computed on the key's device.
+"""The project's randomness: :func:`seed_everything` seeds the global RNGs; the keyed draws are a
+pure function of a per-sample key, computed on the key's device.
 
 The loader gives every sample it draws a key (``batch["sample_key"]``, int64: the run's seed and
 the sample's position in the sampler's stream, the same key that seeds its image augmentations).
@@ -16,8 +17,10 @@ floats. ``stream`` separates independent draws of one sample (e.g. noise and cro
 from __future__ import annotations
 
 import math
+import random
 import zlib
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -26,6 +29,17 @@ _MASK16 = 0xFFFF
 # lowbias32 (C. Wellons' hash-prospector): two multiply-xorshift rounds on 32-bit words.
 _ROUND1, _ROUND2 = 0x7FEB352D, 0x846CA68B
 _FLOAT_BITS = 24  # a float32 mantissa's worth of each hash
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global RNGs (every device's), as LeRobot's ``set_seed``.
+
+    numpy takes seeds below 2**32 only: it is seeded with ``seed % 2**32``, which is ``seed``
+    itself for every seed LeRobot accepts, so the draws match LeRobot's wherever it runs at all.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def stream_id(name: str) -> int:
