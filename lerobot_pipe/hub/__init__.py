@@ -9,10 +9,10 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ALLOW_PATTERNS": "publish",
-    "PublishError": "publish",
+    "ALLOW_PATTERNS": "upload_files",
+    "PublishError": "errors",
     "PublishReceipt": "publish",
-    "collect_publish_files": "publish",
+    "collect_publish_files": "upload_files",
     "publish_checkpoint": "publish",
     "publish_folder": "publish",
     "validate_repo_id": "publish",
