@@ -33,6 +33,7 @@ from lerobot_pipe.constants import (
 from lerobot_pipe.datasets.cameras import CameraError, ImageFrames, VideoFrames, frame_shape
 from lerobot_pipe.datasets.transforms import ImageTransforms
 from lerobot_pipe.datasets.video import ReaderCache, VideoError, resolve_video_backend
+from lerobot_pipe.utils.hub_http import redact, with_retries
 
 # Bookkeeping columns every v3.0 data file carries, with the dtype get_batch returns them in.
 META_COLUMNS: dict[str, np.dtype] = {
@@ -125,12 +126,15 @@ def _download(
 
     where = f"into {root}" if root is not None else "into the Hugging Face cache"
     try:
-        downloaded = huggingface_hub.snapshot_download(
-            repo_id,
-            repo_type="dataset",
-            revision=revision,
-            local_dir=root,
-            allow_patterns=patterns,
+        downloaded = with_retries(
+            lambda: huggingface_hub.snapshot_download(
+                repo_id,
+                repo_type="dataset",
+                revision=revision,
+                local_dir=root,
+                allow_patterns=patterns,
+            ),
+            what=f"downloading {what} of {repo_id}",
         )
     except Exception as exc:
         missing = (
@@ -140,8 +144,8 @@ def _download(
         )
         raise DatasetError(
             f"{missing}downloading {what} of dataset repo_id={repo_id!r} (revision={revision!r}) "
-            f"{where} failed: {type(exc).__name__}: {str(exc).rstrip('.')}. Check the repo_id, "
-            "your network and HF_TOKEN, or pass --dataset.root pointing at a local copy."
+            f"{where} failed: {type(exc).__name__}: {redact(str(exc)).rstrip('.')}. Check the "
+            "repo_id, your network and HF_TOKEN, or pass --dataset.root pointing at a local copy."
         ) from exc
     return Path(downloaded)
 

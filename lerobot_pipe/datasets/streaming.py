@@ -35,14 +35,7 @@ import torch
 
 from lerobot_pipe.configs.train import ImageTransformsConfig
 from lerobot_pipe.constants import DATASET_INFO, DATASET_VIDEO_PATH
-from lerobot_pipe.datasets.hub_files import (
-    DEFAULT_BLOCK_BYTES,
-    BlockFile,
-    HubFileCache,
-    RemoteFile,
-    parquet_metadata,
-    resolve_revision,
-)
+from lerobot_pipe.datasets.hub_files import DEFAULT_BLOCK_BYTES, HubFileCache, resolve_revision
 from lerobot_pipe.datasets.lerobot_dataset import (
     DEFAULT_TOLERANCE_S,
     DatasetError,
@@ -51,7 +44,9 @@ from lerobot_pipe.datasets.lerobot_dataset import (
     read_metadata,
 )
 from lerobot_pipe.datasets.mp4_index import frame_ranges
+from lerobot_pipe.datasets.remote_files import BlockFile, RemoteFile, parquet_metadata
 from lerobot_pipe.datasets.transforms import ImageTransforms
+from lerobot_pipe.utils.hub_http import redact, with_retries
 
 log = logging.getLogger(__name__)
 
@@ -84,20 +79,23 @@ def fetch_metadata(
     from huggingface_hub import snapshot_download
 
     try:
-        path = snapshot_download(
-            repo_id,
-            repo_type=repo_type,
-            revision=revision,
-            local_dir=folder,
-            allow_patterns=META_PATTERNS,
-            endpoint=endpoint,
-            token=token,
+        path = with_retries(
+            lambda: snapshot_download(
+                repo_id,
+                repo_type=repo_type,
+                revision=revision,
+                local_dir=folder,
+                allow_patterns=META_PATTERNS,
+                endpoint=endpoint,
+                token=token,
+            ),
+            what=f"fetching meta/ of {repo_id}",
         )
     except Exception as exc:
         raise DatasetError(
             f"streaming dataset {repo_id}@{revision[:12]}: fetching meta/ failed: "
-            f"{type(exc).__name__}: {str(exc).rstrip('.')}. Check the repo_id, your network and "
-            "HF_TOKEN."
+            f"{type(exc).__name__}: {redact(str(exc)).rstrip('.')}. Check the repo_id, your "
+            "network and HF_TOKEN."
         ) from exc
     path = Path(path)
     if not (path / DATASET_INFO).is_file():

@@ -38,6 +38,9 @@ TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # body cut short (huggingface_hub 2.x's client is httpx2).
 NETWORK_ERRORS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
 MAX_BACKOFF_S = 60.0
+# The retries of a request whose caller sets none (publish_folder's defaults).
+DEFAULT_RETRIES = 5
+DEFAULT_BACKOFF_S = 1.0
 
 HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{16,}")
 REDACTED = "***"
@@ -143,8 +146,8 @@ def with_retries(
     call: Callable[[], T],
     *,
     what: str,
-    retries: int,
-    backoff_s: float,
+    retries: int = DEFAULT_RETRIES,
+    backoff_s: float = DEFAULT_BACKOFF_S,
     transient: Callable[[BaseException], Transient | None] = transient_failure,
     secrets: Iterable[str] | None = None,
 ) -> T:
