@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import threading
 from collections import OrderedDict
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lerobot_pipe.datasets.lerobot_dataset import DatasetError
+from lerobot_pipe.fsutil import atomic_open, write_bytes_atomic
 from lerobot_pipe.utils.hub_http import (
     TRANSIENT_STATUSES,
     RetriesExhausted,
@@ -51,7 +51,6 @@ from lerobot_pipe.utils.hub_http import (
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 8 << 20
-_PARTIAL_SUFFIX = ".part"
 _BLOCKS_DIR = ".blocks"  # the names of blocks of files read by range (BlockFile), in memory
 DEFAULT_BLOCK_BYTES = 16 << 10
 # The most bytes one range request of blocks asks for: a run of missing blocks longer than this
@@ -361,10 +360,8 @@ class HubFileCache:
         self._make_room(name, len(data))
         target = self.local_path(name)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(target.name + _PARTIAL_SUFFIX)
-            partial.write_bytes(data)
-            os.replace(partial, target)
+            # Not durable: the cache's files do not outlive the run (removed at the next start).
+            write_bytes_atomic(target, data, durable=False)
         except BaseException:
             with self._lock:
                 self._drop(name)
@@ -501,14 +498,12 @@ class HubFileCache:
         etag = (head.headers.get("X-Linked-Etag") or head.headers.get("ETag") or "").strip('"')
         etag = re.sub(r"^W/", "", etag).strip('"')
         self._make_room(path, size)
-        target = self.local_path(path)
-        partial = target.with_name(target.name + _PARTIAL_SUFFIX)
+        digest = hashlib.sha256() if len(etag) == 64 else hashlib.sha1()
+        if len(etag) != 64:
+            digest.update(f"blob {size}\0".encode())
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            digest = hashlib.sha256() if len(etag) == 64 else hashlib.sha1()
-            if len(etag) != 64:
-                digest.update(f"blob {size}\0".encode())
-            with open(partial, "wb") as out:
+            # The ETag is checked before the file takes its name, so no reader sees a wrong byte.
+            with atomic_open(self.local_path(path), durable=False) as out:
                 for start in range(0, size, self.chunk_bytes):
                     end = min(start + self.chunk_bytes, size) - 1
                     body = self._request(path, start, end).content
@@ -516,14 +511,13 @@ class HubFileCache:
                         self.bytes_fetched += len(body)
                     digest.update(body)
                     out.write(body)
-            if etag and len(etag) in (40, 64) and digest.hexdigest() != etag:
-                raise DatasetError(
-                    f"{self.repo_id}@{self.revision[:12]}: {path}: the fetched bytes do not match "
-                    f"the Hub's ETag {etag} (got {digest.hexdigest()}); the file was not used."
-                )
-            os.replace(partial, target)
+                if etag and len(etag) in (40, 64) and digest.hexdigest() != etag:
+                    raise DatasetError(
+                        f"{self.repo_id}@{self.revision[:12]}: {path}: the fetched bytes do not "
+                        f"match the Hub's ETag {etag} (got {digest.hexdigest()}); the file was "
+                        "not used."
+                    )
         except BaseException:
-            partial.unlink(missing_ok=True)
             with self._lock:
                 self._drop(path)
             raise
