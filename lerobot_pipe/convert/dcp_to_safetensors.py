@@ -26,8 +26,8 @@ Only public APIs of torch (2.13) and safetensors, chosen as follows:
   ``.distcp`` shards. ``format_utils.dcp_to_torch_save`` writes a pickle.
 * Memory: the state dict once (1x the weights). ``save_file`` (safetensors >= 0.8) writes straight
   from the tensors' memory; DCP's reader holds one stored chunk at a time; the read-back opens the
-  file anew every few MiB (:mod:`.verify`) because the pages a ``safe_open`` handle maps stay in this
-  process's RSS until it closes.
+  file anew every few MiB (:mod:`.verify`) because the pages a ``safe_open`` handle maps stay in
+  this process's RSS until it closes.
 * Integrity: torch's reader loads a shard whose tensor bytes have a flipped bit without complaint
   (it does not check the CRC-32s inside the records). So the DCP folder's files are first checked
   against the size and SHA-256 that the checkpoint's ``training_state/training_step.json`` lists

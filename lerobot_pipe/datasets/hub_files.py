@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lerobot_pipe.datasets.lerobot_dataset import DatasetError
+from lerobot_pipe.datasets.metadata import DatasetError
 from lerobot_pipe.fsutil import atomic_open, write_bytes_atomic
 from lerobot_pipe.utils.hub_http import (
     TRANSIENT_STATUSES,
@@ -59,34 +59,6 @@ DEFAULT_REQUEST_BYTES = 1 << 20
 # Blocks read ahead (HubFileCache.read_ahead) and not read yet take at most this share of the
 # cache, so that what is fetched ahead cannot crowd out the blocks in use.
 READ_AHEAD_SHARE = 8
-
-
-def resolve_revision(
-    repo_id: str,
-    revision: str | None,
-    *,
-    repo_type: str = "dataset",
-    endpoint: str | None = None,
-    token: str | None = None,
-) -> str:
-    """The commit sha ``revision`` (a branch, tag, sha or None: the default branch) points at."""
-    from huggingface_hub import HfApi
-
-    api = HfApi(endpoint=endpoint, token=token)
-    try:
-        info = with_retries(
-            lambda: api.repo_info(repo_id, repo_type=repo_type, revision=revision),
-            what=f"resolving revision {revision!r} of {repo_id}",
-        )
-    except Exception as exc:
-        raise DatasetError(
-            f"streaming dataset repo_id={repo_id!r} (revision={revision!r}): resolving the "
-            f"revision failed: {type(exc).__name__}: {redact(str(exc)).rstrip('.')}. Check the "
-            "repo_id, the revision, your network and HF_TOKEN."
-        ) from exc
-    if not info.sha:
-        raise DatasetError(f"{repo_id}@{revision}: the Hub gave no commit sha for the revision")
-    return info.sha
 
 
 def _mib(size: int) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 
 from lerobot_pipe.datasets.hub_files import DEFAULT_BLOCK_BYTES, HubFileCache
-from lerobot_pipe.datasets.lerobot_dataset import DatasetError
+from lerobot_pipe.datasets.metadata import DatasetError
 
 
 class _RemoteFileBase(io.RawIOBase):

@@ -6,7 +6,8 @@ Built with huggingface_hub's ``ModelCard`` / ``ModelCardData``, with the fields 
 ``license`` and ``tags`` (``lerobot``, ``robotics``, the policy type, then ours). The body
 describes the policy, tabulates the training summary and metrics, and shows how to load it.
 Keys that look secret (containing "token", "secret", "password", "api_key", ...) are dropped at
-any depth, and values that look like tokens are masked (:func:`~lerobot_pipe.utils.hub_http.redact`).
+any depth, and values that look like tokens are masked
+(:func:`~lerobot_pipe.utils.hub_http.redact`).
 """
 
 from __future__ import annotations
