@@ -100,6 +100,7 @@ class HubFileCache:
         self.max_bytes = max_bytes
         self.endpoint = endpoint
         self.token = token
+        self._secrets = known_secrets(token)  # looked up once: redacted from retry warnings
         self.chunk_bytes = chunk_bytes
         self.retries = retries
         self.backoff_s = backoff_s
@@ -455,12 +456,12 @@ class HubFileCache:
                 what=f"{reading} of {path}",
                 retries=self.retries,
                 backoff_s=self.backoff_s,
-                secrets=known_secrets(self.token),
+                secrets=self._secrets,
             )
         except RetriesExhausted as exc:
             raise DatasetError(
                 f"{self.repo_id}@{self.revision[:12]}: {path}: {reading} failed "
-                f"{exc.attempts} times, last: {redact(str(exc.last))}. Check the network (the "
+                f"{exc.attempts} times, last: {redact(str(exc.last), self._secrets)}. Check the network (the "
                 "run can resume from its last checkpoint)."
             ) from exc
 

@@ -1,7 +1,9 @@
-"""Publishing to the Hugging Face Hub: folders, checkpoints and model cards.
+"""Publishing to the Hugging Face Hub: folders and checkpoints (:mod:`.publish`), which files go
+(:mod:`.upload_files`), the errors a user can act on (:mod:`.errors`) and model cards
+(:mod:`.model_card`).
 
-The names below load :mod:`.publish` (huggingface_hub) on first use, so that
-:mod:`.repo_id`, which flag checks import before launch, costs nothing more."""
+The names below load their module (and huggingface_hub) on first use, so that :mod:`.repo_id`,
+which flag checks import before launch, costs nothing more."""
 
 from __future__ import annotations
 
