@@ -62,7 +62,52 @@ def _column_to_numpy(
     return flat.astype(dtype, copy=False).reshape((n, *shape))
 
 
-class LeRobotDataset:
+class FrameRows:
+    """What the map-style and the streaming dataset share, and what the samplers, the trainer and
+    the held-out loss use: rows by position (``get_batch``), each row's episode and task, each
+    episode's row bounds. A subclass sets ``num_frames`` and ``_episode_bounds`` and gives its
+    ``episode_index`` / ``task_index`` columns (:meth:`_row_column`)."""
+
+    num_frames: int
+    _episode_bounds: tuple[np.ndarray, np.ndarray]
+
+    def _row_column(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def get_batch(self, indices: np.ndarray | Sequence[int], **options: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def episode_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each episode's ``[from, to)`` row positions (the positions ``get_batch`` takes)."""
+        return self._episode_bounds
+
+    @property
+    def episode_index(self) -> np.ndarray:
+        """Each row's ``episode_index`` (read-only view)."""
+        return _read_only(self._row_column("episode_index"))
+
+    @property
+    def task_index(self) -> np.ndarray:
+        """Each row's ``task_index`` (read-only view)."""
+        return _read_only(self._row_column("task_index"))
+
+    def __len__(self) -> int:
+        return self.num_frames
+
+    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        if not -self.num_frames <= idx < self.num_frames:
+            raise IndexError(f"index {idx} out of range for {self.num_frames} frames")
+        return {key: value[0] for key, value in self.get_batch([idx % self.num_frames]).items()}
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+class LeRobotDataset(FrameRows):
     """A LeRobot v3.0 dataset: numeric features held in memory, camera frames decoded per batch.
 
     ``delta_timestamps`` maps a feature key (numeric or camera) to offsets in seconds (multiples
@@ -228,32 +273,8 @@ class LeRobotDataset:
             offsets[key] = frames.astype(np.int64)
         return offsets
 
-    @property
-    def episode_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each episode's ``[from, to)`` row positions (the positions ``get_batch`` takes)."""
-        return self._episode_bounds
-
-    @property
-    def episode_index(self) -> np.ndarray:
-        """Each row's ``episode_index`` (read-only view)."""
-        view = self._arrays["episode_index"].view()
-        view.flags.writeable = False
-        return view
-
-    @property
-    def task_index(self) -> np.ndarray:
-        """Each row's ``task_index`` (read-only view)."""
-        view = self._arrays["task_index"].view()
-        view.flags.writeable = False
-        return view
-
-    def __len__(self) -> int:
-        return self.num_frames
-
-    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
-        if not -self.num_frames <= idx < self.num_frames:
-            raise IndexError(f"index {idx} out of range for {self.num_frames} frames")
-        return {key: value[0] for key, value in self.get_batch([idx % self.num_frames]).items()}
+    def _row_column(self, name: str) -> np.ndarray:
+        return self._arrays[name]
 
     def get_batch(
         self,

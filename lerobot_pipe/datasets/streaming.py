@@ -37,7 +37,7 @@ from lerobot_pipe.configs.train import ImageTransformsConfig
 from lerobot_pipe.constants import DATASET_VIDEO_PATH
 from lerobot_pipe.datasets.hub_files import DEFAULT_BLOCK_BYTES, HubFileCache
 from lerobot_pipe.datasets.hub_revision import fetch_metadata, resolve_revision
-from lerobot_pipe.datasets.lerobot_dataset import DEFAULT_TOLERANCE_S, LeRobotDataset
+from lerobot_pipe.datasets.lerobot_dataset import DEFAULT_TOLERANCE_S, FrameRows, LeRobotDataset
 from lerobot_pipe.datasets.metadata import DatasetError, read_episodes, read_metadata
 from lerobot_pipe.datasets.mp4_index import frame_ranges
 from lerobot_pipe.datasets.remote_files import BlockFile, RemoteFile, parquet_metadata
@@ -82,7 +82,7 @@ def check_same_revision(revision: str, repo_id: str, group=None) -> None:
         )
 
 
-class StreamingLeRobotDataset:
+class StreamingLeRobotDataset(FrameRows):
     """The dataset ``repo_id`` on the Hub, with the map-style dataset's row positions and samples.
 
     ``cache_dir`` holds the metadata, the fetched files (at most ``cache_mb`` MiB of them) and
@@ -218,29 +218,8 @@ class StreamingLeRobotDataset:
 
     # ------------------------------------------------------------------ the map-style surface
 
-    @property
-    def episode_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._episode_bounds
-
-    @property
-    def episode_index(self) -> np.ndarray:
-        view = self._row_episode.view()
-        view.flags.writeable = False
-        return view
-
-    @property
-    def task_index(self) -> np.ndarray:
-        view = self._row_task.view()
-        view.flags.writeable = False
-        return view
-
-    def __len__(self) -> int:
-        return self.num_frames
-
-    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
-        if not -self.num_frames <= idx < self.num_frames:
-            raise IndexError(f"index {idx} out of range for {self.num_frames} frames")
-        return {key: value[0] for key, value in self.get_batch([idx % self.num_frames]).items()}
+    def _row_column(self, name: str) -> np.ndarray:
+        return {"episode_index": self._row_episode, "task_index": self._row_task}[name]
 
     def prepare_cameras(
         self, batch: dict[str, torch.Tensor], sample_keys: np.ndarray | None = None
