@@ -149,6 +149,8 @@ def publish_step_folder(tmp: Path, final: Path) -> None:
 
 def update_last_link(ckpt_root: Path, name: str) -> None:
     link = ckpt_root / C.LAST_CHECKPOINT_LINK
+    # A symlink swap, not a file write (fsutil.atomic_path writes a file's content): the kill
+    # tests stop the process between the new link and the rename (save:during_last_link).
     tmp_link = ckpt_root / f".{C.LAST_CHECKPOINT_LINK}.tmp"
     tmp_link.unlink(missing_ok=True)
     os.symlink(name, tmp_link)

@@ -26,8 +26,8 @@ Only public APIs of torch (2.13) and safetensors, chosen as follows:
   ``.distcp`` shards. ``format_utils.dcp_to_torch_save`` writes a pickle.
 * Memory: the state dict once (1x the weights). ``save_file`` (safetensors >= 0.8) writes straight
   from the tensors' memory; DCP's reader holds one stored chunk at a time; the read-back opens the
-  file anew every ``_READBACK_BYTES`` because the pages a ``safe_open`` handle maps stay in this
-  process's RSS until it closes.
+  file anew every few MiB (:mod:`.verify`) because the pages a ``safe_open`` handle maps stay in
+  this process's RSS until it closes.
 * Integrity: torch's reader loads a shard whose tensor bytes have a flipped bit without complaint
   (it does not check the CRC-32s inside the records). So the DCP folder's files are first checked
   against the size and SHA-256 that the checkpoint's ``training_state/training_step.json`` lists
@@ -36,7 +36,7 @@ Only public APIs of torch (2.13) and safetensors, chosen as follows:
   anything is written or deleted. Without that manifest (a ``pretrained_model/`` outside its step
   folder, a checkpoint written by another tool) a warning says so: a missing or truncated shard,
   or a damaged record structure, is still an error naming the file (torch's reader fails on it,
-  and :class:`_FileNamingFileSystem` adds the name), but a flipped bit in tensor data is not found.
+  and :mod:`.dcp_read` adds the name), but a flipped bit in tensor data is not found.
 * PEFT names: the policy is built on the meta device from ``config.json``, wrapped by peft from
   ``adapter_config.json``, and ``get_peft_model_state_dict`` selects and names the entries
   (``policies.peft.adapter_key_map``); no naming rule of peft's is repeated here.
@@ -64,23 +64,25 @@ import re
 import shutil
 import time
 import uuid
-import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import save_file
-from torch.distributed.checkpoint import CheckpointException, Metadata, TensorStorageMetadata
-from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint import Metadata
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.checkpoint.layout import CheckpointError, is_complete, read_training_step
-from lerobot_pipe.checkpoint.manifest import verify_files
-from lerobot_pipe.fsutil import fsync_path
+from lerobot_pipe.convert.dcp_read import (
+    load_tensors,
+    read_dcp_metadata,
+    tensor_entries,
+    verify_dcp_files,
+)
+from lerobot_pipe.convert.errors import ConversionError, one_line
+from lerobot_pipe.convert.verify import verify_against_dcp
+from lerobot_pipe.fsutil import TMP_MARKER, atomic_path, fsync_folder, fsync_path, writer_pid
 from lerobot_pipe.policies.locate import (
-    checkpoint_step_dir,
     ema_policy_dir,
     holds_policy_files,
     pretrained_dir,
@@ -93,15 +95,8 @@ logger = logging.getLogger(__name__)
 SAFETENSORS_METADATA = {"format": "pt"}
 # Files of the source folder that are never copied into --output_dir.
 _NOT_COPIED = frozenset({C.MODEL_DCP_DIR, C.PUBLISH_RECEIPT})
-_TMP_MARKERS = (".tmp-", ".deleting-")
-# Bytes of the written file compared through one safe_open handle (see the module docstring).
-_READBACK_BYTES = 4 << 20
-
+_TMP_MARKERS = (TMP_MARKER, ".deleting-")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-class ConversionError(RuntimeError):
-    """The conversion cannot proceed; the message says why in one line. Nothing was deleted."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,175 +137,6 @@ def _pretrained_to_convert(checkpoint_dir: str | os.PathLike[str]) -> Path:
 
 
 # --------------------------------------------------------------------------------------------
-# Reading DCP
-
-
-def _innermost(exc: BaseException) -> BaseException:
-    """The first rank's failure of a DCP CheckpointException (its failures map rank ->
-    (exception, traceback)); ``exc`` itself otherwise."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        inner = next(iter(failures.values()))
-        inner = inner[0] if isinstance(inner, tuple) else inner
-        if isinstance(inner, BaseException):
-            return inner
-    return exc
-
-
-def _one_line(exc: BaseException) -> str:
-    """A one-line description of ``exc`` (of the innermost failure of a CheckpointException)."""
-    exc = _innermost(exc)
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _damaged_file(path: Path, expected_size: int) -> str:
-    """What is wrong with ``path``, a DCP file that failed the manifest check."""
-    is_metadata = path.name == C.DCP_METADATA_FILE
-    what = f"DCP {'metadata' if is_metadata else 'shard'} file {path}"
-    if not path.is_file():
-        return f"{what} is missing"
-    size = path.stat().st_size
-    if size != expected_size:
-        state = "truncated" if size < expected_size and not is_metadata else "corrupt"
-        return f"{what} is {state} ({size} bytes, {C.TRAINING_STEP} lists {expected_size})"
-    return f"{what} is corrupt: its SHA-256 does not match {C.TRAINING_STEP}"
-
-
-def verify_dcp_files(dcp_dir: str | os.PathLike[str]) -> bool:
-    """Check every file of a model DCP folder against the size and SHA-256 that its checkpoint's
-    ``training_state/training_step.json`` lists. Returns False (and warns) when there is no such
-    list; raises ConversionError naming the first damaged or missing file."""
-    dcp_dir = Path(dcp_dir)
-    step_dir = checkpoint_step_dir(dcp_dir.parent)
-    listed: dict[str, dict] = {}
-    if step_dir is not None and is_complete(step_dir):
-        try:
-            info = read_training_step(step_dir)
-        except CheckpointError as e:
-            raise ConversionError(f"{e}; it lists the SHA-256 of every DCP shard") from None
-        files = info.get("files")
-        prefix = dcp_dir.relative_to(step_dir).as_posix() + "/"
-        if isinstance(files, dict):
-            listed = {rel: v for rel, v in files.items() if rel.startswith(prefix)}
-    if not listed:
-        logger.warning(
-            "No file manifest lists %s (%s of its step folder): a missing or truncated shard is "
-            "still found, a flipped bit in tensor data is not",
-            dcp_dir,
-            f"{C.TRAINING_STATE_DIR}/{C.TRAINING_STEP}",
-        )
-        return False
-    size = sum(int(v.get("size", 0)) for v in listed.values())
-    logger.info(
-        "Checking %d DCP files (%.1f MB) against %s", len(listed), size / 1e6, C.TRAINING_STEP
-    )
-    for rel, expected in sorted(listed.items()):
-        path = step_dir / rel
-        try:
-            verify_files(step_dir, {"files": {rel: expected}})
-        except CheckpointError:
-            intact = False
-        else:
-            intact = path.is_file()  # verify_files passes a shard gone after conversion
-        if not intact:
-            raise ConversionError(
-                f"{_damaged_file(path, expected['size'])}; nothing was written or deleted"
-            )
-    return True
-
-
-def read_dcp_metadata(dcp_dir: str | os.PathLike[str]) -> Metadata:
-    """Read (unpickle) the ``.metadata`` of a local DCP folder. Local folders only."""
-    dcp_dir = Path(dcp_dir)
-    meta_file = dcp_dir / C.DCP_METADATA_FILE
-    if not dcp_dir.is_dir():
-        raise ConversionError(f"DCP folder {dcp_dir} does not exist")
-    if not meta_file.is_file():
-        raise ConversionError(f"DCP metadata file {meta_file} is missing")
-    try:
-        metadata = dcp.FileSystemReader(str(dcp_dir)).read_metadata()
-    except Exception as e:
-        raise ConversionError(f"DCP metadata file {meta_file} is corrupt: {_one_line(e)}") from e
-    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
-        raise ConversionError(f"DCP metadata file {meta_file} is corrupt: not a DCP Metadata")
-    return metadata
-
-
-def _tensor_entries(metadata: Metadata, fqns: Iterable[str] | None = None) -> dict[str, tuple]:
-    """fqn -> (dtype, size) for the tensor entries of the checkpoint (all, or ``fqns``)."""
-    entries = metadata.state_dict_metadata
-    keys = list(entries) if fqns is None else list(fqns)
-    out = {}
-    for key in keys:
-        if key not in entries:
-            raise ConversionError(f"DCP checkpoint has no entry {key}")
-        value = entries[key]
-        if not isinstance(value, TensorStorageMetadata):
-            raise ConversionError(
-                f"DCP entry {key} is not a tensor ({type(value).__name__}); safetensors stores "
-                "tensors only"
-            )
-        out[key] = (value.properties.dtype, torch.Size(value.size))
-    return out
-
-
-class _FileNamingFileSystem(FileSystem):
-    """torch's local file system for DCP, naming the file when reading it fails: torch.load's
-    errors about a truncated or damaged record ("failed finding central directory") do not."""
-
-    @contextlib.contextmanager
-    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator:
-        try:
-            with super().create_stream(path, mode) as stream:
-                yield stream
-        except FileNotFoundError:
-            raise ConversionError(f"DCP shard file {path} is missing") from None
-        except Exception as e:
-            raise ConversionError(
-                f"DCP shard file {path} is truncated or corrupt: {_one_line(e)}"
-            ) from e
-
-
-def _load(dcp_dir: Path, metadata: Metadata, keys: Iterable[str] | None) -> dict[str, torch.Tensor]:
-    """The tensors ``keys`` (all when None) of a DCP folder, read by torch's own DCP reader."""
-    entries = _tensor_entries(metadata, keys)
-    state = {k: torch.empty(size, dtype=dtype) for k, (dtype, size) in entries.items()}
-    reader = dcp.FileSystemReader(str(dcp_dir))
-    reader.fs = _FileNamingFileSystem()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "torch.distributed is disabled ... single process"
-            dcp.load(
-                state,
-                storage_reader=reader,
-                planner=dcp.DefaultLoadPlanner(allow_partial_load=True),
-                no_dist=True,
-            )
-    except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-        inner = _innermost(e)  # DCP wraps whatever the read raised, Ctrl-C included
-        if isinstance(inner, ConversionError) or not isinstance(inner, Exception):
-            raise inner from None
-        raise ConversionError(f"cannot read DCP shards in {dcp_dir}: {_one_line(e)}") from e
-    return state
-
-
-def load_dcp_state_dict(
-    dcp_dir: str | os.PathLike[str], *, keys: Iterable[str] | None = None
-) -> dict[str, torch.Tensor]:
-    """Load a local model DCP folder into plain CPU tensors, offline (no process group).
-
-    The folder's files are first checked against the checkpoint's manifest (see
-    :func:`verify_dcp_files`); the tensors are allocated from the checkpoint's metadata and filled
-    by the public ``torch.distributed.checkpoint.load`` (``no_dist=True``). ``keys`` restricts the
-    load to those entries. Local folders only: the metadata is a pickle.
-    """
-    dcp_dir = Path(dcp_dir)
-    verify_dcp_files(dcp_dir)
-    return _load(dcp_dir, read_dcp_metadata(dcp_dir), keys)
-
-
-# --------------------------------------------------------------------------------------------
 # PEFT: which DCP entries make up adapter_model.safetensors, and under which names
 
 
@@ -319,7 +145,7 @@ def _read_adapter_config(pretrained: Path) -> dict:
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ConversionError(f"cannot read {path}: {_one_line(e)}") from e
+        raise ConversionError(f"cannot read {path}: {one_line(e)}") from e
     if not isinstance(config, dict):
         raise ConversionError(f"{path} is not a JSON object")
     return config
@@ -340,7 +166,7 @@ def _adapter_key_map(pretrained: Path, metadata: Metadata) -> dict[str, str]:
         except (OSError, ValueError, TypeError) as e:
             raise ConversionError(
                 f"cannot build the policy of {pretrained / C.CONFIG_NAME}, which names the "
-                f"adapter tensors: {_one_line(e)}"
+                f"adapter tensors: {one_line(e)}"
             ) from e
         try:
             key_map = adapter_key_map(wrap_with_adapter_config(policy, adapter_config))
@@ -348,7 +174,7 @@ def _adapter_key_map(pretrained: Path, metadata: Metadata) -> dict[str, str]:
             raise ConversionError(
                 f"cannot apply {pretrained / C.ADAPTER_CONFIG_NAME} (peft_type "
                 f"{adapter_config.get('peft_type')}) to the {config.type} policy with peft: "
-                f"{_one_line(e)}"
+                f"{one_line(e)}"
             ) from e
     missing = sorted(set(key_map.values()) - set(metadata.state_dict_metadata))
     if missing:
@@ -364,11 +190,6 @@ def _adapter_key_map(pretrained: Path, metadata: Metadata) -> dict[str, str]:
 # Writing
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # some file systems refuse a folder's fsync
-        fsync_path(path)
-
-
 def _file_mode() -> int:
     """The mode a new regular file gets here (0o666 less the umask)."""
     umask = os.umask(0o022)
@@ -376,15 +197,11 @@ def _file_mode() -> int:
     return 0o666 & ~umask
 
 
-def _tmp_path(final: Path) -> Path:
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
 def _remove_dead_temporaries(folder: Path, final_name: str) -> None:
     """Temporary weights files of conversions whose process is gone (killed mid-write)."""
-    for tmp in folder.glob(f".{final_name}.tmp-*"):
-        pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+    for tmp in folder.glob(f".{final_name}{TMP_MARKER}*"):
+        pid = writer_pid(tmp)
+        if pid is not None and not _pid_alive(pid):
             tmp.unlink(missing_ok=True)
             logger.info("Removed %s, left by an interrupted conversion", tmp.name)
 
@@ -420,88 +237,19 @@ def _write_weights(
 ) -> None:
     """Write ``state`` to ``final`` atomically; read the temporary file back and compare it with
     ``state`` first if asked; ``durable``: fsync the file before the rename, the folder after."""
-    tmp = _tmp_path(final)
     try:
-        save_file(_unshared(state), str(tmp), metadata=SAFETENSORS_METADATA)
-        os.chmod(tmp, _file_mode())  # save_file creates it 0600
-        if durable:
-            fsync_path(tmp)
-        if verify:
-            verify_against_dcp(tmp, state)
-            logger.info("Verified %s against the DCP shards (%d tensors)", final.name, len(state))
-        fault_point("convert:before_replace")
-        os.replace(tmp, final)
-        if durable:
-            _fsync_dir(final.parent)
+        with atomic_path(final, durable=durable) as tmp:
+            save_file(_unshared(state), str(tmp), metadata=SAFETENSORS_METADATA)
+            os.chmod(tmp, _file_mode())  # save_file creates it 0600
+            if verify:
+                verify_against_dcp(tmp, state)
+                logger.info(
+                    "Verified %s against the DCP shards (%d tensors)", final.name, len(state)
+                )
+            fault_point("convert:before_replace")
         fault_point("convert:after_replace")
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, (OSError, SafetensorError)):
-            raise ConversionError(f"cannot write {final}: {_one_line(e)}") from e
-        raise
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def _readback_batches(names: list[str], state: Mapping[str, torch.Tensor]) -> Iterator[list[str]]:
-    """``names`` in runs of about ``_READBACK_BYTES``, one safe_open handle each."""
-    batch: list[str] = []
-    nbytes = 0
-    for name in names:
-        batch.append(name)
-        nbytes += state[name].nbytes
-        if nbytes >= _READBACK_BYTES:
-            yield batch
-            batch, nbytes = [], 0
-    if batch:
-        yield batch
-
-
-def _difference(key: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
-    if got.dtype != want.dtype:
-        return f"{key}: dtype {got.dtype} != {want.dtype}"
-    if got.shape != want.shape:
-        return f"{key}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    if not torch.equal(_bits(got), _bits(want)):
-        return f"{key}: values differ"
-    return None
-
-
-def verify_against_dcp(weights_file: str | os.PathLike[str], dcp_state: Mapping) -> None:
-    """Read ``weights_file`` back and compare it with ``dcp_state`` (output names -> tensors).
-
-    Same key set, and per tensor the same dtype, shape and bytes (bitwise, so NaNs compare equal to
-    themselves and -0.0 differs from 0.0). Raises ConversionError on the first problems found.
-    """
-    weights_file = Path(weights_file)
-    problems: list[str] = []
-    try:
-        with safe_open(str(weights_file), framework="pt", device="cpu") as f:
-            keys = set(f.keys())
-        missing = sorted(set(dcp_state) - keys)
-        extra = sorted(keys - set(dcp_state))
-        if missing:
-            problems.append(f"missing {len(missing)} tensors (e.g. {missing[:3]})")
-        if extra:
-            problems.append(f"{len(extra)} unexpected tensors (e.g. {extra[:3]})")
-        for batch in _readback_batches(sorted(keys & set(dcp_state)), dcp_state):
-            with safe_open(str(weights_file), framework="pt", device="cpu") as f:
-                for key in batch:
-                    problem = _difference(key, f.get_tensor(key), dcp_state[key])
-                    if problem:
-                        problems.append(problem)
-                    if len(problems) >= 5:
-                        break
-            if len(problems) >= 5:
-                break
-    except Exception as e:
-        raise ConversionError(f"cannot read back {weights_file}: {_one_line(e)}") from e
-    if problems:
-        raise ConversionError(
-            f"{weights_file} does not match the DCP shards: " + "; ".join(problems)
-        )
+    except (OSError, SafetensorError) as e:
+        raise ConversionError(f"cannot write {final}: {one_line(e)}") from e
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,15 +271,8 @@ def _copy_file(src: Path, dst: Path, durable: bool) -> bool:
         if durable:
             fsync_path(dst)  # it may have been copied by a run that did not fsync
         return False
-    tmp = _tmp_path(dst)
-    try:
+    with atomic_path(dst, durable=durable) as tmp:
         shutil.copy2(src, tmp)
-        if durable:
-            fsync_path(tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return True
 
 
@@ -551,7 +292,7 @@ def _copy_tree(src: Path, dst: Path, skip: frozenset[str], durable: bool) -> lis
         elif entry.is_file() and _copy_file(entry, target, durable):
             copied.append(entry.name)
     if durable:
-        _fsync_dir(dst)
+        fsync_folder(dst)
     return copied
 
 
@@ -566,7 +307,7 @@ def _prepare_output(pretrained: Path, output_dir: str | os.PathLike[str] | None)
             return pretrained
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConversionError(f"output_dir {out} is not writable: {_one_line(e)}") from e
+        raise ConversionError(f"output_dir {out} is not writable: {one_line(e)}") from e
     return out
 
 
@@ -575,11 +316,11 @@ def _delete_dcp(dcp_dir: Path) -> None:
     doomed = dcp_dir.with_name(f".{dcp_dir.name}.deleting-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         os.replace(dcp_dir, doomed)
-        _fsync_dir(dcp_dir.parent)
+        fsync_folder(dcp_dir.parent)
         fault_point("convert:during_delete")
         shutil.rmtree(doomed)
     except OSError as e:
-        raise ConversionError(f"cannot delete {dcp_dir}: {_one_line(e)}") from e
+        raise ConversionError(f"cannot delete {dcp_dir}: {one_line(e)}") from e
     logger.info("Deleted the DCP shards %s", dcp_dir)
 
 
@@ -595,10 +336,10 @@ def _read_dcp(pretrained: Path, dcp_dir: Path, is_peft: bool) -> dict[str, torch
         key_map = _adapter_key_map(pretrained, metadata)
     else:
         key_map = {k: k for k in metadata.state_dict_metadata}
-    entries = _tensor_entries(metadata, set(key_map.values()))
+    entries = tensor_entries(metadata, set(key_map.values()))
     nbytes = sum(dtype.itemsize * size.numel() for dtype, size in entries.values())
     logger.info("Loading DCP from %s (%d tensors, %.1f MB)", dcp_dir, len(key_map), nbytes / 1e6)
-    loaded = _load(dcp_dir, metadata, list(entries))
+    loaded = load_tensors(dcp_dir, metadata, list(entries))
     return {name: loaded[key] for name, key in key_map.items()}
 
 
@@ -681,7 +422,7 @@ def convert_pretrained(
             skip = _NOT_COPIED | {weights_name} if has_dcp else _NOT_COPIED
             copied = _copy_tree(pretrained, out_dir, frozenset(skip), durable=delete_dcp)
         except OSError as e:
-            raise ConversionError(f"output_dir {out_dir} is not writable: {_one_line(e)}") from e
+            raise ConversionError(f"output_dir {out_dir} is not writable: {one_line(e)}") from e
         if copied:
             logger.info("Copied %d files into %s: %s", len(copied), out_dir, ", ".join(copied))
 
@@ -702,7 +443,7 @@ def convert_pretrained(
             if delete_dcp:
                 # An earlier run without --delete_dcp did not fsync: make it durable first.
                 fsync_path(final)
-                _fsync_dir(final.parent)
+                fsync_folder(final.parent)
                 _delete_dcp(dcp_dir)
             return final
     _write_weights(state, final, verify=delete_dcp, durable=delete_dcp)

@@ -4,11 +4,12 @@
 ``acquire``s it and stays pinned until the reader ``release``s it; unpinned files are evicted
 (least recently used first) when a new one would not fit, so the cache (its folder and the
 blocks in memory together) never holds more than ``max_bytes``. Every file comes from one
-commit (the revision is resolved to its sha once, at start), in ranges of ``chunk_bytes`` over HTTP (huggingface_hub's URL, headers and session):
+commit (the revision is resolved to its sha once, at start), in ranges of ``chunk_bytes`` over
+HTTP (huggingface_hub's URL, headers and session):
 
 * a dropped connection, a short body, a 429 or a 5xx is retried from the first byte not yet
-  written (``Retry-After`` honoured, exponential backoff otherwise), up to ``retries`` times per
-  range;
+  written (:func:`~lerobot_pipe.utils.hub_http.with_retries`: ``Retry-After`` honoured,
+  exponential backoff otherwise), up to ``retries`` times per range;
 * the finished file is checked against the ETag the Hub gives (sha256 for LFS files, the git blob
   sha1 otherwise) before anyone reads it, so no retry can feed a wrong byte to a decoder;
 * a 404 (file or revision), a 401 / 403 (missing or revoked token) fails at once with a
@@ -16,36 +17,40 @@ commit (the revision is resolved to its sha once, at start), in ranges of ``chun
 
 Why not ``hf_hub_download``: its cache keeps every blob (no bound, no eviction), and its retries
 do not cover 429 / 5xx in the middle of a file. Video files need not be fetched whole: a
-:class:`BlockFile` is a seekable file object over fixed-size blocks of a file, each fetched once
-(:meth:`HubFileCache.read_blocks`, a run of missing blocks in one range request, with the same
-retries) and kept in memory under the same bound, so that a decoder reads the container's index
-and the blocks of the frames it decodes (docs/streaming.md); :meth:`HubFileCache.read_ahead`
-fetches a byte range's blocks before a decoder asks for them. Blocks are checked for their
-length, not against an ETag (only whole files can be).
+:class:`~lerobot_pipe.datasets.remote_files.BlockFile` is a seekable file object over fixed-size
+blocks of a file, each fetched once (:meth:`HubFileCache.read_blocks`, a run of missing blocks
+in one range request, with the same retries) and kept in memory under the same bound, so that a
+decoder reads the container's index and the blocks of the frames it decodes (docs/streaming.md);
+:meth:`HubFileCache.read_ahead` fetches a byte range's blocks before a decoder asks for them.
+Blocks are checked for their length, not against an ETag (only whole files can be).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
-import os
 import re
-import sys
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lerobot_pipe.datasets.lerobot_dataset import DatasetError
+from lerobot_pipe.datasets.metadata import DatasetError
+from lerobot_pipe.fsutil import atomic_open, write_bytes_atomic
+from lerobot_pipe.utils.hub_http import (
+    TRANSIENT_STATUSES,
+    RetriesExhausted,
+    TransientResponse,
+    known_secrets,
+    redact,
+    retry_after_s,
+    with_retries,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 8 << 20
-RETRIABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_PARTIAL_SUFFIX = ".part"
 _BLOCKS_DIR = ".blocks"  # the names of blocks of files read by range (BlockFile), in memory
 DEFAULT_BLOCK_BYTES = 16 << 10
 # The most bytes one range request of blocks asks for: a run of missing blocks longer than this
@@ -56,43 +61,8 @@ DEFAULT_REQUEST_BYTES = 1 << 20
 READ_AHEAD_SHARE = 8
 
 
-def resolve_revision(
-    repo_id: str,
-    revision: str | None,
-    *,
-    repo_type: str = "dataset",
-    endpoint: str | None = None,
-    token: str | None = None,
-) -> str:
-    """The commit sha ``revision`` (a branch, tag, sha or None: the default branch) points at."""
-    from huggingface_hub import HfApi
-
-    try:
-        info = HfApi(endpoint=endpoint, token=token).repo_info(
-            repo_id, repo_type=repo_type, revision=revision
-        )
-    except Exception as exc:
-        raise DatasetError(
-            f"streaming dataset repo_id={repo_id!r} (revision={revision!r}): resolving the "
-            f"revision failed: {type(exc).__name__}: {str(exc).rstrip('.')}. Check the repo_id, "
-            "the revision, your network and HF_TOKEN."
-        ) from exc
-    if not info.sha:
-        raise DatasetError(f"{repo_id}@{revision}: the Hub gave no commit sha for the revision")
-    return info.sha
-
-
 def _mib(size: int) -> str:
     return f"{size / 2**20:.3g} MiB"
-
-
-def _http_error() -> type[Exception]:
-    """The transport error class of the HTTP client huggingface_hub's session is built on
-    (httpx2 from huggingface_hub 2.x on, httpx before), without naming either."""
-    from huggingface_hub import get_session
-
-    package = type(get_session()).__module__.split(".")[0]
-    return sys.modules[package].HTTPError
 
 
 @dataclass
@@ -130,6 +100,7 @@ class HubFileCache:
         self.max_bytes = max_bytes
         self.endpoint = endpoint
         self.token = token
+        self._secrets = known_secrets(token)  # looked up once: redacted from retry warnings
         self.chunk_bytes = chunk_bytes
         self.retries = retries
         self.backoff_s = backoff_s
@@ -155,11 +126,6 @@ class HubFileCache:
         for stale in self.root.rglob("*"):  # a previous run's files: not accounted, so removed
             if stale.is_file():
                 stale.unlink()
-
-    @property
-    def used_bytes(self) -> int:
-        with self._lock:
-            return self._used
 
     @property
     def ahead_bytes(self) -> int:
@@ -367,10 +333,8 @@ class HubFileCache:
         self._make_room(name, len(data))
         target = self.local_path(name)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(target.name + _PARTIAL_SUFFIX)
-            partial.write_bytes(data)
-            os.replace(partial, target)
+            # Not durable: the cache's files do not outlive the run (removed at the next start).
+            write_bytes_atomic(target, data, durable=False)
         except BaseException:
             with self._lock:
                 self._drop(name)
@@ -457,7 +421,9 @@ class HubFileCache:
         return error
 
     def _request(self, path: str, start: int | None, end: int | None):
-        """One GET (or HEAD when ``start`` is None) with retries; the response of a success."""
+        """One GET of bytes ``start``..``end`` (or HEAD when ``start`` is None) with the retries
+        of :func:`~lerobot_pipe.utils.hub_http.with_retries`; the response of a success. A body
+        shorter than the range asked for is retried like a dropped connection."""
         from huggingface_hub import get_session
         from huggingface_hub.utils import build_hf_headers
 
@@ -465,41 +431,39 @@ class HubFileCache:
         if start is not None:
             headers["Range"] = f"bytes={start}-{end}"
         method = "GET" if start is not None else "HEAD"
-        delay = self.backoff_s
-        for attempt in range(self.retries + 1):
-            wait = delay
-            try:
-                response = get_session().request(
-                    method, self._url(path), headers=headers, follow_redirects=True
-                )
-            except (_http_error(), OSError) as exc:  # dropped, refused, reset, short body, timeout
-                reason = f"{type(exc).__name__}: {exc}"
-            else:
-                status = response.status_code
-                if status < 400:
-                    if start is None:
-                        return response
-                    want = end - start + 1
-                    if status == 206 and len(response.content) == want:
-                        return response
-                    reason = f"HTTP {status} with {len(response.content)} of {want} bytes"
-                elif status in RETRIABLE_STATUS:
-                    reason = f"HTTP {status}"
-                    after = response.headers.get("Retry-After", "")
-                    if after.isdigit():
-                        wait = float(after)
-                else:
-                    raise self._fail(path, status, response.text)
-            if attempt == self.retries:
-                raise DatasetError(
-                    f"{self.repo_id}@{self.revision[:12]}: {path}: reading bytes "
-                    f"{start}-{end} failed {self.retries + 1} times, last: {reason}. Check the "
-                    "network (the run can resume from its last checkpoint)."
-                )
-            log.warning("%s: %s; retrying in %.1f s", path, reason, wait)
-            time.sleep(wait)
-            delay *= 2
-        raise AssertionError("unreachable")
+
+        def request():
+            response = get_session().request(
+                method, self._url(path), headers=headers, follow_redirects=True
+            )
+            status = response.status_code
+            if status in TRANSIENT_STATUSES:
+                raise TransientResponse(f"HTTP {status}", retry_after_s(response.headers))
+            if status >= 400:
+                raise self._fail(path, status, response.text)
+            if start is not None:
+                want = end - start + 1
+                if status != 206 or len(response.content) != want:
+                    raise TransientResponse(
+                        f"HTTP {status} with {len(response.content)} of {want} bytes"
+                    )
+            return response
+
+        reading = f"reading bytes {start}-{end}" if start is not None else "reading the size"
+        try:
+            return with_retries(
+                request,
+                what=f"{reading} of {path}",
+                retries=self.retries,
+                backoff_s=self.backoff_s,
+                secrets=self._secrets,
+            )
+        except RetriesExhausted as exc:
+            raise DatasetError(
+                f"{self.repo_id}@{self.revision[:12]}: {path}: {reading} failed "
+                f"{exc.attempts} times, last: {redact(str(exc.last), self._secrets)}. Check the network (the "
+                "run can resume from its last checkpoint)."
+            ) from exc
 
     def _fetch(self, path: str) -> int:
         head = self._request(path, None, None)
@@ -507,14 +471,12 @@ class HubFileCache:
         etag = (head.headers.get("X-Linked-Etag") or head.headers.get("ETag") or "").strip('"')
         etag = re.sub(r"^W/", "", etag).strip('"')
         self._make_room(path, size)
-        target = self.local_path(path)
-        partial = target.with_name(target.name + _PARTIAL_SUFFIX)
+        digest = hashlib.sha256() if len(etag) == 64 else hashlib.sha1()
+        if len(etag) != 64:
+            digest.update(f"blob {size}\0".encode())
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            digest = hashlib.sha256() if len(etag) == 64 else hashlib.sha1()
-            if len(etag) != 64:
-                digest.update(f"blob {size}\0".encode())
-            with open(partial, "wb") as out:
+            # The ETag is checked before the file takes its name, so no reader sees a wrong byte.
+            with atomic_open(self.local_path(path), durable=False) as out:
                 for start in range(0, size, self.chunk_bytes):
                     end = min(start + self.chunk_bytes, size) - 1
                     body = self._request(path, start, end).content
@@ -522,107 +484,16 @@ class HubFileCache:
                         self.bytes_fetched += len(body)
                     digest.update(body)
                     out.write(body)
-            if etag and len(etag) in (40, 64) and digest.hexdigest() != etag:
-                raise DatasetError(
-                    f"{self.repo_id}@{self.revision[:12]}: {path}: the fetched bytes do not match "
-                    f"the Hub's ETag {etag} (got {digest.hexdigest()}); the file was not used."
-                )
-            os.replace(partial, target)
+                if etag and len(etag) in (40, 64) and digest.hexdigest() != etag:
+                    raise DatasetError(
+                        f"{self.repo_id}@{self.revision[:12]}: {path}: the fetched bytes do not "
+                        f"match the Hub's ETag {etag} (got {digest.hexdigest()}); the file was "
+                        "not used."
+                    )
         except BaseException:
-            partial.unlink(missing_ok=True)
             with self._lock:
                 self._drop(path)
             raise
         with self._lock:
             self.fetches[path] = self.fetches.get(path, 0) + 1
         return size
-
-
-class _RemoteFileBase(io.RawIOBase):
-    """A read-only, seekable file over ``cache``'s repository file ``path``: the position and
-    its seeks; subclasses fetch the bytes of ``readinto``."""
-
-    def __init__(self, cache: HubFileCache, path: str) -> None:
-        super().__init__()
-        self.cache = cache
-        self.path = path
-        self.size = cache.size(path)
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-
-class RemoteFile(_RemoteFileBase):
-    """A file over HTTP range requests (each read one range, with the cache's retries), for
-    readers that fetch only parts of a file: pyarrow reads a parquet file's footer and then only
-    the row groups asked for."""
-
-    def readinto(self, buffer) -> int:
-        n = min(len(buffer), self.size - self._pos)
-        if n <= 0:
-            return 0
-        data = self.cache.read_range(self.path, self._pos, self._pos + n - 1)
-        buffer[:n] = data
-        self._pos += n
-        return n
-
-
-class BlockFile(_RemoteFileBase):
-    """A file over :meth:`HubFileCache.read_blocks` blocks: what a video decoder reads instead of
-    a local copy, so that it fetches the container's index and the blocks of the frames it
-    decodes, not the whole file. A read fills the buffer whole (up to the end of the file), its
-    missing blocks fetched in one request."""
-
-    def __init__(
-        self, cache: HubFileCache, path: str, block_bytes: int = DEFAULT_BLOCK_BYTES
-    ) -> None:
-        super().__init__(cache, path)
-        self.block_bytes = block_bytes
-
-    def readinto(self, buffer) -> int:
-        view = memoryview(buffer).cast("B")
-        n = max(0, min(len(view), self.size - self._pos))
-        if not n:
-            return 0
-        first, skip = divmod(self._pos, self.block_bytes)
-        last = (self._pos + n - 1) // self.block_bytes
-        done = 0
-        for block in self.cache.read_blocks(self.path, first, last, self.block_bytes):
-            take = min(n - done, len(block) - skip)
-            view[done : done + take] = block[skip : skip + take]
-            done += take
-            skip = 0
-        self._pos += done
-        return done
-
-
-def parquet_metadata(cache: HubFileCache, path: str):
-    """The footer (``FileMetaData``) of parquet file ``path``: its last 8 bytes, then the footer
-    itself, two range requests. pyarrow's own reader first reads the last 64 KiB whatever the
-    footer's size (a whole small file); here it reads from a view of the file that holds only the
-    footer and zeros before it, which the footer's parser never looks at."""
-    import pyarrow.parquet as pq
-
-    size = cache.size(path)
-    tail = cache.read_range(path, max(0, size - 8), size - 1)
-    if len(tail) != 8 or tail[4:] != b"PAR1":
-        raise DatasetError(f"{cache.repo_id}: {path}: not a parquet file (no PAR1 footer)")
-    length = int.from_bytes(tail[:4], "little")
-    start = size - 8 - length
-    if start < 4:
-        raise DatasetError(f"{cache.repo_id}: {path}: footer length {length} exceeds the file")
-    footer = cache.read_range(path, start, size - 9) + tail
-    view = io.BytesIO(bytes(start) + footer)
-    return pq.read_metadata(view)

@@ -1,14 +1,14 @@
 """A LeRobot v3.0 dataset read from the Hub as training consumes it (``--dataset.streaming=true``).
 
 The metadata (``meta/``: info, stats, tasks, episodes) is fetched first, at the commit the
-revision points to when the run starts (:func:`~lerobot_pipe.datasets.hub_files.resolve_revision`;
-the sha is saved in every checkpoint, so a resume reads the same bytes). It gives the dataset its
-features, statistics and episode bounds without any data file. A sample is then built where the
+revision points to when the run starts (:mod:`~lerobot_pipe.datasets.hub_revision`; the sha is
+saved in every checkpoint, so a resume reads the same bytes). It gives the dataset its features,
+statistics and episode bounds without any data file. A sample is then built where the
 map-style path builds it: :meth:`StreamingLeRobotDataset.get_batch` groups the requested rows by
 file group (the episodes that live in the same data and video files), opens each group as a
 map-style :class:`LeRobotDataset` of those episodes over a view folder whose files are links
 into a :class:`HubFileCache` (fetched when first needed, pinned while the group is open,
-evicted after; video files are not fetched whole but decoded from a :class:`BlockFile`, the
+evicted after; video files are not fetched whole but decoded from a :class:`~.remote_files.BlockFile`, the
 cached byte-range blocks the decoder reads), and asks it for the rows. Windows and padding
 masks at episode edges, camera decoding and its checks, ``task`` strings and image transforms are
 therefore the map-style code's, and row positions are the map-style dataset's: position ``i``
@@ -34,29 +34,22 @@ import pyarrow.parquet as pq
 import torch
 
 from lerobot_pipe.configs.train import ImageTransformsConfig
-from lerobot_pipe.constants import DATASET_INFO, DATASET_VIDEO_PATH
-from lerobot_pipe.datasets.hub_files import (
-    DEFAULT_BLOCK_BYTES,
-    BlockFile,
-    HubFileCache,
-    RemoteFile,
-    parquet_metadata,
-    resolve_revision,
-)
-from lerobot_pipe.datasets.lerobot_dataset import (
-    DEFAULT_TOLERANCE_S,
+from lerobot_pipe.constants import DATASET_VIDEO_PATH
+from lerobot_pipe.datasets.hub_files import DEFAULT_BLOCK_BYTES, HubFileCache
+from lerobot_pipe.datasets.hub_revision import fetch_metadata, resolve_revision
+from lerobot_pipe.datasets.lerobot_dataset import DEFAULT_TOLERANCE_S, FrameRows, LeRobotDataset
+from lerobot_pipe.datasets.metadata import (
     DatasetError,
-    LeRobotDataset,
-    _read_episodes,
     episode_first_tasks,
+    read_episodes,
     read_metadata,
 )
 from lerobot_pipe.datasets.mp4_index import frame_ranges
+from lerobot_pipe.datasets.remote_files import BlockFile, RemoteFile, parquet_metadata
 from lerobot_pipe.datasets.transforms import ImageTransforms
 
 log = logging.getLogger(__name__)
 
-META_PATTERNS = ["meta/**"]
 DEFAULT_CACHE_MB = 2048  # --dataset.streaming_cache_mb's default
 # File groups (the episodes that live in the same data and video files) kept open, their
 # decoders and their files pinned, after their last read: at least those a shuffle buffer spans,
@@ -69,44 +62,6 @@ _VIEWS_DIR = "views"
 _META_DIR = "meta"
 # Episodes whose read-ahead was asked for recently: not asked for again while they are here.
 _READ_AHEAD_MEMORY = 1024
-
-
-def fetch_metadata(
-    repo_id: str,
-    revision: str,
-    folder: Path,
-    *,
-    repo_type: str = "dataset",
-    endpoint: str | None = None,
-    token: str | None = None,
-) -> Path:
-    """``meta/`` of the repo at commit ``revision`` into ``folder`` (which then holds
-    ``meta/info.json``, ...); the folder."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        path = snapshot_download(
-            repo_id,
-            repo_type=repo_type,
-            revision=revision,
-            local_dir=folder,
-            allow_patterns=META_PATTERNS,
-            endpoint=endpoint,
-            token=token,
-        )
-    except Exception as exc:
-        raise DatasetError(
-            f"streaming dataset {repo_id}@{revision[:12]}: fetching meta/ failed: "
-            f"{type(exc).__name__}: {str(exc).rstrip('.')}. Check the repo_id, your network and "
-            "HF_TOKEN."
-        ) from exc
-    path = Path(path)
-    if not (path / DATASET_INFO).is_file():
-        raise DatasetError(
-            f"{repo_id}@{revision[:12]}: {DATASET_INFO} not found; the repository is not a "
-            "LeRobot v3.0 dataset."
-        )
-    return path
 
 
 def check_same_revision(revision: str, repo_id: str, group=None) -> None:
@@ -132,7 +87,7 @@ def check_same_revision(revision: str, repo_id: str, group=None) -> None:
         )
 
 
-class StreamingLeRobotDataset:
+class StreamingLeRobotDataset(FrameRows):
     """The dataset ``repo_id`` on the Hub, with the map-style dataset's row positions and samples.
 
     ``cache_dir`` holds the metadata, the fetched files (at most ``cache_mb`` MiB of them) and
@@ -211,7 +166,7 @@ class StreamingLeRobotDataset:
         shutil.rmtree(self.cache_dir / _VIEWS_DIR, ignore_errors=True)
 
     def _read_episode_table(self) -> None:
-        table = _read_episodes(self.root, self.episodes)
+        table = read_episodes(self.root, self.episodes)
         where = self.root / "meta/episodes"
         if table is None:
             raise DatasetError(f"{where}: no episodes metadata; the repository is incomplete.")
@@ -266,29 +221,8 @@ class StreamingLeRobotDataset:
 
     # ------------------------------------------------------------------ the map-style surface
 
-    @property
-    def episode_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._episode_bounds
-
-    @property
-    def episode_index(self) -> np.ndarray:
-        view = self._row_episode.view()
-        view.flags.writeable = False
-        return view
-
-    @property
-    def task_index(self) -> np.ndarray:
-        view = self._row_task.view()
-        view.flags.writeable = False
-        return view
-
-    def __len__(self) -> int:
-        return self.num_frames
-
-    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
-        if not -self.num_frames <= idx < self.num_frames:
-            raise IndexError(f"index {idx} out of range for {self.num_frames} frames")
-        return {key: value[0] for key, value in self.get_batch([idx % self.num_frames]).items()}
+    def _row_column(self, name: str) -> np.ndarray:
+        return {"episode_index": self._row_episode, "task_index": self._row_task}[name]
 
     def prepare_cameras(
         self, batch: dict[str, torch.Tensor], sample_keys: np.ndarray | None = None

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from lerobot_pipe.constants import DATASET_SYNTHETIC_PARAMS
-from lerobot_pipe.datasets.lerobot_dataset import DatasetError
+from lerobot_pipe.datasets.metadata import DatasetError
 from lerobot_pipe.datasets.writer import DatasetWriter, camera_feature
 
 # Bump when the generated content changes, so older copies on disk are not reused.

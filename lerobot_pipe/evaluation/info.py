@@ -12,7 +12,6 @@ Aggregates are LeRobot's: means ignoring NaN, ``pc_success`` = 100 x the mean su
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from lerobot_pipe.evaluation.rollout import EpisodeResult
+from lerobot_pipe.fsutil import write_json_atomic
 
 
 def _mean(values: list) -> float:
@@ -75,7 +75,5 @@ def eval_info(tasks: list[tuple[str, int, dict[str, Any]]], eval_s: float) -> di
 
 
 def write_eval_info(path: Path, info: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(info, indent=2))
-    tmp.replace(path)
+    """Write ``info`` as LeRobot's eval_info.json (indented by 2), atomically."""
+    write_json_atomic(path, info, indent=2)

@@ -1,4 +1,6 @@
-"""Publishing to the Hugging Face Hub: folders, checkpoints and model cards.
+"""Publishing to the Hugging Face Hub: folders and checkpoints (:mod:`.publish`), which files go
+(:mod:`.upload_files`), the errors a user can act on (:mod:`.errors`) and model cards
+(:mod:`.model_card`).
 
 The names below load :mod:`.publish` (huggingface_hub) on first use, so that importing the
 package costs nothing until one of them is used."""
@@ -9,10 +11,10 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ALLOW_PATTERNS": "publish",
-    "PublishError": "publish",
+    "ALLOW_PATTERNS": "upload_files",
+    "PublishError": "errors",
     "PublishReceipt": "publish",
-    "collect_publish_files": "publish",
+    "collect_publish_files": "upload_files",
     "publish_checkpoint": "publish",
     "publish_folder": "publish",
     "validate_repo_id": "publish",

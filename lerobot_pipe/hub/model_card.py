@@ -1,10 +1,13 @@
 """Model card (the Hub repo's README.md) for a trained LeRobot policy.
 
-The YAML front matter is what the Hub indexes: ``library_name: lerobot``,
-``pipeline_tag: robotics``, ``datasets``, ``base_model``, ``license`` and ``tags``. The body
+Built with huggingface_hub's ``ModelCard`` / ``ModelCardData``, with the fields LeRobot's
+``PreTrainedPolicy.generate_model_card`` sets (0.6.1): ``library_name: lerobot``,
+``pipeline_tag: robotics``, ``model_name`` (the policy type), ``datasets``, ``base_model``,
+``license`` and ``tags`` (``lerobot``, ``robotics``, the policy type, then ours). The body
 describes the policy, tabulates the training summary and metrics, and shows how to load it.
 Keys that look secret (containing "token", "secret", "password", "api_key", ...) are dropped at
-any depth, and values that look like Hugging Face tokens are masked.
+any depth, and values that look like tokens are masked
+(:func:`~lerobot_pipe.utils.hub_http.redact`).
 """
 
 from __future__ import annotations
@@ -16,13 +19,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from huggingface_hub import ModelCard, ModelCardData
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.utils.hub_http import redact
 from lerobot_pipe.utils.repo_id import looks_like_repo_id
 
 _SECRET_KEY_RE = re.compile(r"token|secret|password|passwd|api_?key|credential", re.IGNORECASE)
-_HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{16,}")
 _BASE_TAGS = ("lerobot", "robotics")
 
 
@@ -52,7 +55,7 @@ def _format_value(value: Any) -> str:
         text = ", ".join(_format_value(v) for v in value)
     else:
         text = str(value)
-    text = _HF_TOKEN_RE.sub("hf_***", text)
+    text = redact(text)
     return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
@@ -82,16 +85,27 @@ def make_model_card(
     tags: list[str] | None = None,
 ) -> str:
     """Return the README.md text (YAML front matter + Markdown body) for a policy repo."""
-    metadata: dict[str, Any] = {"library_name": "lerobot", "pipeline_tag": "robotics"}
-    if dataset_repo_id:
-        metadata["datasets"] = [dataset_repo_id]
-    if base_model:
-        metadata["base_model"] = base_model
-    if license:
-        metadata["license"] = license
-    metadata["tags"] = _dedup([*_BASE_TAGS, policy_type, "lerobot_pipe", *(tags or [])])
-    front = yaml.safe_dump(metadata, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    metadata = ModelCardData(
+        license=license or None,
+        library_name="lerobot",
+        pipeline_tag="robotics",
+        tags=_dedup([*_BASE_TAGS, policy_type, "lerobot_pipe", *(tags or [])]),
+        model_name=policy_type,
+        datasets=[dataset_repo_id] if dataset_repo_id else None,
+        base_model=base_model or None,
+    )
+    body = _body(repo_id, policy_type, dataset_repo_id, base_model, train_summary, metrics)
+    return str(ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}"))
 
+
+def _body(
+    repo_id: str,
+    policy_type: str,
+    dataset_repo_id: str | None,
+    base_model: str | None,
+    train_summary: dict,
+    metrics: dict | None,
+) -> str:
     title = f"# {policy_type.upper() if len(policy_type) <= 5 else policy_type} policy: `{repo_id}`"
     what = [
         f"This repository holds a robot-learning policy of type **{policy_type}** in the "
@@ -137,7 +151,7 @@ def make_model_card(
         f'`snapshot_download("{repo_id}", revision="step-005000", '
         'allow_patterns=["checkpoints/005000/*"])`.'
     )
-    return f"---\n{front}---\n\n" + "\n\n".join(sections) + "\n"
+    return "\n\n".join(sections) + "\n"
 
 
 def model_card_for_checkpoint(pretrained_dir: str | Path, repo_id: str) -> str:

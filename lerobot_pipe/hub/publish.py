@@ -16,12 +16,12 @@ What huggingface_hub (2.x) does, and this module relies on:
 What it adds:
 
 * Bounded retries of the requests huggingface_hub sends only once (create repo, head lookup, the
-  commit request itself, tags): at most ``max_retries``, ``backoff_s * 2**i`` s apart (at most
-  60 s, or the server's ``Retry-After``), each logged with ``logging.warning``. A retried commit
-  whose first answer was lost is not duplicated: ``create_commit`` finds the files already there.
-  The final error says how many attempts were made over how long.
-* Errors that say what to do (``PublishError``): 401 (``HF_TOKEN`` / ``hf auth login``), 403, 404,
-  and no network (the cause, e.g. name resolution or connection refused, and the host).
+  commit request itself, tags), through :func:`lerobot_pipe.utils.hub_http.with_retries`
+  (``max_retries``, ``backoff_s``). A retried commit whose first answer was lost is not
+  duplicated: ``create_commit`` finds the files already there.
+* Errors that say what to do (``PublishError``, :mod:`.errors`): 401 (``HF_TOKEN`` /
+  ``hf auth login``), 403, 404, and no network (the cause, e.g. name resolution or connection
+  refused, and the host).
 * Tags: an existing tag on the published commit is fine; an existing tag on another commit is fine
   too when that commit holds the same published files (re-publishing an old checkpoint); otherwise
   ``PublishError`` unless ``move_tag=True``, which moves the tag to the new commit.
@@ -35,69 +35,39 @@ are only read.
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
 import logging
 import os
 import re
-import socket
-import time
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import httpx2
-from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, RepoFile, get_token
+from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, RepoFile
 from huggingface_hub.errors import HfHubHTTPError
 
 from lerobot_pipe import __version__
 from lerobot_pipe import constants as C
 from lerobot_pipe.fsutil import write_json_atomic
+from lerobot_pipe.hub.errors import PublishError, Target, retrying
+from lerobot_pipe.hub.upload_files import (
+    ALLOW_PATTERNS,
+    check_no_token_in_files,
+    collect_publish_files,
+)
 from lerobot_pipe.policies.locate import (
     checkpoint_step_dir,
     ema_policy_dir,
     holds_policy_files,
     pretrained_dir,
 )
+from lerobot_pipe.utils.hub_http import known_secrets
 from lerobot_pipe.utils.repo_id import repo_id_problem
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-ALLOW_PATTERNS = ["*.safetensors", "*.json", "*.yaml", "*.md"]
-# Never uploaded, whatever ALLOW_PATTERNS says: resumable training state, DCP shards, receipts.
-DENY_DIRS = frozenset({C.TRAINING_STATE_DIR, C.OPTIMIZER_DCP_DIR, C.MODEL_DCP_DIR})
-DENY_NAMES = frozenset(
-    {
-        C.DCP_METADATA_FILE,
-        C.OPTIMIZER_STATE,
-        C.OPTIMIZER_PARAM_GROUPS,
-        C.RNG_STATE,
-        C.SCHEDULER_STATE,
-        C.SCALER_STATE,
-        C.TRAINING_STEP,
-        C.PUBLISH_RECEIPT,
-    }
-)
-DENY_SUFFIXES = (".distcp",)
-# Text files scanned for a leaked token before upload.
-_TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".md", ".txt")
-
 _TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{16,}")
 _REPO_TYPES = ("model", "dataset", "space")
-_MAX_BACKOFF_S = 60.0
 _PATHS_INFO_BATCH = 200
-# What huggingface_hub's http_backoff treats as transient (huggingface_hub/utils/_http.py); used
-# for the requests it sends only once.
-_TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-_NETWORK_ERRORS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
-
-
-class PublishError(RuntimeError):
-    """Publishing failed; the message says why and what to do. Never contains the token."""
 
 
 @dataclass
@@ -151,235 +121,8 @@ def _validate_tag(tag: str) -> str:
     return tag
 
 
-# ---------------------------------------------------------------------------- local files
-def _is_publishable(rel_parts: tuple[str, ...], allow_patterns: list[str]) -> bool:
-    name = rel_parts[-1]
-    if any(p.startswith(".") for p in rel_parts) or any(p in DENY_DIRS for p in rel_parts[:-1]):
-        return False
-    if name in DENY_NAMES or name.endswith(DENY_SUFFIXES):
-        return False
-    return any(fnmatch.fnmatch(name, pattern) for pattern in allow_patterns)
-
-
-def collect_publish_files(
-    folder: str | os.PathLike[str], allow_patterns: list[str] | None = None
-) -> list[str]:
-    """Relative POSIX paths of the files of ``folder`` that ``publish_folder`` would upload.
-
-    A file is kept when its name matches one of ``allow_patterns`` (default ``ALLOW_PATTERNS``)
-    and it is not denied: hidden files/folders, ``training_state/``, DCP shard folders,
-    ``*.distcp``, ``.metadata``, optimizer/RNG/scheduler state files and pipeline receipts.
-    """
-    root = Path(folder)
-    patterns = list(ALLOW_PATTERNS if allow_patterns is None else allow_patterns)
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        rel_dir = Path(dirpath).relative_to(root)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in DENY_DIRS)
-        for name in filenames:
-            rel = (rel_dir / name).as_posix()
-            if (
-                _is_publishable(tuple(rel.split("/")), patterns)
-                and (Path(dirpath) / name).is_file()
-            ):
-                out.append(rel)
-    return sorted(out)
-
-
-# ---------------------------------------------------------------------------- secrets
-def _known_secrets(token: str | None) -> list[str]:
-    found = [token, os.environ.get("HF_TOKEN"), os.environ.get("HUGGING_FACE_HUB_TOKEN")]
-    with contextlib.suppress(Exception):
-        found.append(get_token())
-    return sorted({s for s in found if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True)
-
-
-def _redact(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return _HF_TOKEN_RE.sub("hf_***", text)
-
-
-def redacted(exc: BaseException) -> str:
-    """An exception's message with every known token replaced (for logs and other ranks)."""
-    return _redact(str(exc), _known_secrets(None))
-
-
-def _check_no_token_in_files(files: dict[str, Path | bytes], secrets: list[str]) -> None:
-    for repo_path, source in files.items():
-        if not repo_path.endswith(_TEXT_SUFFIXES):
-            continue
-        data = source if isinstance(source, bytes) else source.read_bytes()
-        if any(secret.encode() in data for secret in secrets):
-            raise PublishError(
-                f"refusing to publish {repo_path}: it contains your Hugging Face token; "
-                "remove it from the file (and rotate the token if it was shared)"
-            )
-
-
-# ---------------------------------------------------------------------------- errors / retries
-@dataclass
-class _Target:
-    """The repo being published to, with what the retries and the error messages need."""
-
-    api: HfApi
-    repo_id: str
-    repo_type: str
-    revision: str
-    secrets: list[str]
-    max_retries: int
-    backoff_s: float
-
-    @property
-    def repo(self) -> str:
-        return f"{self.repo_type} repo {self.repo_id}"
-
-
-def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        yield cur
-        cur = cur.__cause__ or cur.__context__
-
-
-def _failed_request(exc: BaseException) -> Any:
-    """The HTTP request that failed (an ``HfHubHTTPError``'s or a transport error's), or None."""
-    with contextlib.suppress(RuntimeError):  # httpx2 raises when an error has no request
-        if isinstance(exc, HfHubHTTPError):
-            return exc.response.request
-        return getattr(exc, "request", None)
-    return None
-
-
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, HfHubHTTPError):
-        return exc.response.status_code in _TRANSIENT_STATUSES
-    return isinstance(exc, _NETWORK_ERRORS)
-
-
-def _network_cause(exc: BaseException, request: Any) -> str:
-    host = request.url.host if request is not None else "the Hub"
-    for e in _exception_chain(exc):
-        if isinstance(e, socket.gaierror):
-            return f"name resolution failed for {host} ({e.strerror})"
-        if isinstance(e, ConnectionRefusedError):
-            return f"connection refused by {host}"
-    if isinstance(exc, httpx2.TimeoutException):
-        return f"no answer from {host} in time"
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _describe(exc: BaseException, step: str, target: _Target) -> str:
-    """What went wrong in ``step`` and what to do about it (not yet redacted)."""
-    request = _failed_request(exc)
-    if isinstance(exc, HfHubHTTPError):
-        status = exc.response.status_code
-        code = exc.response.headers.get("X-Error-Code")
-        detail = str(exc.server_message or exc).strip().splitlines()[0]
-        namespace = target.repo_id.split("/")[0]
-        if status == 401:
-            return (
-                f"Hub authentication failed (401) while trying to {step} on {target.repo}: no "
-                "token was sent or the Hub refused it; set HF_TOKEN to a token with write "
-                "access, or run `hf auth login`"
-            )
-        if status == 403:
-            return (
-                f"no write access to {target.repo} (403) while trying to {step}: check that "
-                f"your token (HF_TOKEN or `hf auth login`) has write permission on the "
-                f"'{namespace}' namespace and that you belong to it if it is an organization "
-                f"({detail})"
-            )
-        if status == 404 and code == "RevisionNotFound":
-            type_flag = "" if target.repo_type == "model" else f" --repo-type {target.repo_type}"
-            return (
-                f"revision {target.revision!r} not found in {target.repo} (404) while trying to "
-                f"{step}: create the branch first (`hf repos branch create {target.repo_id} "
-                f"{target.revision}{type_flag}`) or publish to 'main'"
-            )
-        if status == 404 and code == "EntryNotFound":
-            return f"file not found in {target.repo} (404) while trying to {step}: {detail}"
-        if status == 404:
-            return (
-                f"{target.repo} not found (404) while trying to {step}: check the repo id "
-                f"(namespace/name) and the repo type; a private repo also answers 404 to a token "
-                "that cannot read it (HF_TOKEN or `hf auth login`)"
-            )
-        return f"the Hub answered HTTP {status} while trying to {step} on {target.repo}: {detail}"
-    if isinstance(exc, _NETWORK_ERRORS):
-        origin = f"{request.url.scheme}://{request.url.netloc.decode()}" if request else "the Hub"
-        return (
-            f"cannot reach {origin} while trying to {step} on {target.repo}: "
-            f"{_network_cause(exc, request)}; check the network connection and the endpoint "
-            "(HF_ENDPOINT)"
-        )
-    return f"failed to {step} on {target.repo}: {type(exc).__name__}: {exc}"
-
-
-def _retry_delay(exc: BaseException, attempt: int, backoff_s: float) -> float:
-    delay = backoff_s * 2 ** (attempt - 1)
-    if isinstance(exc, HfHubHTTPError) and exc.response.status_code == 429:
-        with contextlib.suppress(TypeError, ValueError):
-            delay = max(delay, float(exc.response.headers.get("Retry-After")))
-    return min(delay, _MAX_BACKOFF_S)
-
-
-def _retrying(
-    target: _Target,
-    step: str,
-    call: Callable[[], T],
-    sent_once: Callable[[Any], bool] = lambda request: True,
-) -> T:
-    """Run ``call``, retrying its transient failures when ``sent_once(failed request)``.
-
-    huggingface_hub 2.4 sends create_repo, repo_info, the commit request (``_send_commit`` without
-    ``retry_on_error``) and the tag requests once, without its ``http_backoff``: those are the
-    requests retried here, at most ``max_retries`` times.
-    """
-    start = time.monotonic()
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return call()
-        except PublishError:
-            raise
-        except Exception as exc:
-            request = _failed_request(exc)
-            transient = _is_transient(exc)
-            ours = transient and sent_once(request)
-            if ours and attempt <= target.max_retries:
-                delay = _retry_delay(exc, attempt, target.backoff_s)
-                if isinstance(exc, HfHubHTTPError):
-                    reason = f"HTTP {exc.response.status_code}"
-                else:
-                    reason = _network_cause(exc, request)
-                logger.warning(
-                    "Hub: %s on %s failed (%s); retry %d/%d in %.2fs",
-                    step,
-                    target.repo,
-                    _redact(reason, target.secrets),
-                    attempt,
-                    target.max_retries,
-                    delay,
-                )
-                time.sleep(delay)
-                continue
-            message = _describe(exc, step, target)
-            if transient:
-                tries = f"{attempt} attempt{'s' * (attempt > 1)}"
-                if not ours:
-                    tries = "huggingface_hub's own retries"
-                elapsed = time.monotonic() - start
-                message += f"; gave up after {tries} over {elapsed:.1f} s; try again later"
-            leaked = any(s in str(e) for e in _exception_chain(exc) for s in target.secrets)
-            raise PublishError(_redact(message, target.secrets)) from (None if leaked else exc)
-
-
 # ---------------------------------------------------------------------------- publishing
-def _same_files(target: _Target, sha_a: str, sha_b: str, paths: list[str]) -> bool:
+def _same_files(target: Target, sha_a: str, sha_b: str, paths: list[str]) -> bool:
     """Whether commits ``sha_a`` and ``sha_b`` hold the same blobs at ``paths``."""
 
     def blobs(sha: str) -> set[tuple[str, str]]:
@@ -398,7 +141,7 @@ def _same_files(target: _Target, sha_a: str, sha_b: str, paths: list[str]) -> bo
     return blobs(sha_a) == blobs(sha_b)
 
 
-def _tag(target: _Target, tag: str, commit_id: str, paths: list[str], move_tag: bool) -> None:
+def _tag(target: Target, tag: str, commit_id: str, paths: list[str], move_tag: bool) -> None:
     api, repo_id, repo_type = target.api, target.repo_id, target.repo_type
     try:
         api.create_tag(repo_id, tag=tag, revision=commit_id, repo_type=repo_type)
@@ -423,6 +166,65 @@ def _tag(target: _Target, tag: str, commit_id: str, paths: list[str], move_tag: 
     )
     api.delete_tag(repo_id, tag=tag, repo_type=repo_type)
     api.create_tag(repo_id, tag=tag, revision=commit_id, repo_type=repo_type)
+
+
+def _check_options(
+    repo_id: str, repo_type: str, tag: str | None, max_retries: int, backoff_s: float
+) -> None:
+    validate_repo_id(repo_id)
+    if repo_type not in _REPO_TYPES:
+        raise PublishError(f"invalid repo_type {repo_type!r}: expected one of {_REPO_TYPES}")
+    if tag is not None:
+        _validate_tag(tag)
+    if max_retries < 0 or backoff_s < 0:
+        raise PublishError("max_retries and backoff_s must be >= 0")
+
+
+def _files_to_publish(
+    root: Path, prefix: str, model_card: str | None, allow_patterns: list[str] | None
+) -> dict[str, Path | bytes]:
+    """Repo path -> local file (or the model card's bytes), sorted by repo path."""
+    if not root.is_dir():
+        raise PublishError(f"folder to publish does not exist: {root}")
+    files: dict[str, Path | bytes] = {
+        f"{prefix}/{rel}" if prefix else rel: root / rel
+        for rel in collect_publish_files(root, allow_patterns)
+    }
+    if model_card is not None:
+        files["README.md"] = model_card.encode("utf-8")
+    if not files:
+        raise PublishError(
+            f"nothing to publish in {root}: no file matches {allow_patterns or ALLOW_PATTERNS} "
+            "(DCP shards, training_state/ and optimizer state are never uploaded)"
+        )
+    return dict(sorted(files.items()))
+
+
+def _commit(target: Target, files: dict[str, Path | bytes], message: str) -> CommitInfo:
+    """One commit of ``files``, retried when its request failed (not the preupload or the LFS
+    transfers before it, which huggingface_hub retries itself)."""
+    commit_path = f"/api/{target.repo_type}s/{target.repo_id}/commit/{target.revision}"
+
+    def commit() -> CommitInfo:
+        # New operations on every attempt: create_commit mutates the ones it is given.
+        operations = [
+            CommitOperationAdd(
+                path_in_repo=path, path_or_fileobj=src if isinstance(src, bytes) else str(src)
+            )
+            for path, src in files.items()
+        ]
+        return target.api.create_commit(
+            target.repo_id,
+            operations,
+            commit_message=message,
+            repo_type=target.repo_type,
+            revision=target.revision,
+        )
+
+    def is_commit_request(request: Any) -> bool:
+        return request is not None and request.url.path.endswith(commit_path)
+
+    return retrying(target, "commit", commit, sent_once=is_commit_request)
 
 
 def publish_folder(
@@ -452,72 +254,34 @@ def publish_folder(
     retries of the requests huggingface_hub does not retry itself. Returns a receipt; raises
     ``PublishError``.
     """
-    validate_repo_id(repo_id)
-    if repo_type not in _REPO_TYPES:
-        raise PublishError(f"invalid repo_type {repo_type!r}: expected one of {_REPO_TYPES}")
-    if tag is not None:
-        _validate_tag(tag)
-    if max_retries < 0 or backoff_s < 0:
-        raise PublishError("max_retries and backoff_s must be >= 0")
-    root = Path(folder)
-    if not root.is_dir():
-        raise PublishError(f"folder to publish does not exist: {root}")
+    _check_options(repo_id, repo_type, tag, max_retries, backoff_s)
     prefix = _normalize_path_in_repo(path_in_repo)
     branch = revision or "main"
-
-    files: dict[str, Path | bytes] = {
-        f"{prefix}/{rel}" if prefix else rel: root / rel
-        for rel in collect_publish_files(root, allow_patterns)
-    }
-    if model_card is not None:
-        files["README.md"] = model_card.encode("utf-8")
-    if not files:
-        raise PublishError(
-            f"nothing to publish in {root}: no file matches {allow_patterns or ALLOW_PATTERNS} "
-            "(DCP shards, training_state/ and optimizer state are never uploaded)"
-        )
-    files = dict(sorted(files.items()))
-    secrets = _known_secrets(token)
-    _check_no_token_in_files(files, secrets)
+    files = _files_to_publish(Path(folder), prefix, model_card, allow_patterns)
+    secrets = known_secrets(token)
+    check_no_token_in_files(files, secrets)
 
     api = HfApi(
         endpoint=endpoint, token=token, library_name="lerobot_pipe", library_version=__version__
     )
-    target = _Target(api, repo_id, repo_type, branch, secrets, max_retries, backoff_s)
-    message = commit_message or f"Upload {len(files)} file(s) with lerobot_pipe"
-    commit_path = f"/api/{repo_type}s/{repo_id}/commit/{branch}"
-
-    def commit() -> CommitInfo:
-        # New operations on every attempt: create_commit mutates the ones it is given.
-        operations = [
-            CommitOperationAdd(
-                path_in_repo=path, path_or_fileobj=src if isinstance(src, bytes) else str(src)
-            )
-            for path, src in files.items()
-        ]
-        return api.create_commit(
-            repo_id, operations, commit_message=message, repo_type=repo_type, revision=branch
-        )
-
-    def is_commit_request(request: Any) -> bool:
-        return request is not None and request.url.path.endswith(commit_path)
-
-    _retrying(
+    target = Target(api, repo_id, repo_type, branch, secrets, max_retries, backoff_s)
+    retrying(
         target,
         "create the repo",
         lambda: api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True),
     )
-    head = _retrying(
+    head = retrying(
         target,
         f"read the head of {branch!r}",
         lambda: api.repo_info(repo_id, repo_type=repo_type, revision=branch).sha,
     )
-    info = _retrying(target, "commit", commit, sent_once=is_commit_request)
+    message = commit_message or f"Upload {len(files)} file(s) with lerobot_pipe"
+    info = _commit(target, files, message)
     created = info.oid != head
     if tag is not None:
         # The files a tag vouches for: those under path_in_repo (not the root model card).
         tagged = [p for p in files if p.startswith(f"{prefix}/")] if prefix else list(files)
-        _retrying(
+        retrying(
             target,
             f"tag {tag}",
             lambda: _tag(target, tag, info.oid, tagged or list(files), move_tag),

@@ -76,14 +76,19 @@ def local_policy_folder(
         raise FileNotFoundError(f"{path}: no such folder, and not a Hub repo id (namespace/name)")
     from huggingface_hub import snapshot_download
 
+    from lerobot_pipe.utils.hub_http import redact, with_retries
+
     try:
-        folder = snapshot_download(
-            path, repo_type="model", revision=revision, allow_patterns=POLICY_FILE_PATTERNS
+        folder = with_retries(
+            lambda: snapshot_download(
+                path, repo_type="model", revision=revision, allow_patterns=POLICY_FILE_PATTERNS
+            ),
+            what=f"downloading policy {path}",
         )
     except Exception as e:  # noqa: BLE001 - any network or Hub error, reworded below
         raise FileNotFoundError(
             f"not a local folder, and downloading Hub repo {path!r} (revision={revision!r}) "
-            f"failed: {type(e).__name__}: {e}"
+            f"failed: {type(e).__name__}: {redact(str(e))}"
         ) from None
     if not (Path(folder) / required_file).is_file():
         raise FileNotFoundError(f"Hub repo {path!r} holds no {required_file} at its root")
@@ -95,11 +100,16 @@ def download_latest_checkpoint(repo_id: str, output_dir: Path) -> Path:
     ``--save_checkpoint_to_hub`` layout) into ``output_dir/checkpoints/<step>/``; returns it."""
     from huggingface_hub import HfApi, snapshot_download
 
+    from lerobot_pipe.utils.hub_http import redact, with_retries
+
     try:
-        files = HfApi().list_repo_files(repo_id, repo_type="model")
+        files = with_retries(
+            lambda: HfApi().list_repo_files(repo_id, repo_type="model"),
+            what=f"listing {repo_id}",
+        )
     except Exception as e:  # noqa: BLE001 - any network or Hub error, reworded below
         raise FileNotFoundError(
-            f"listing Hub repo {repo_id!r} failed: {type(e).__name__}: {e}"
+            f"listing Hub repo {repo_id!r} failed: {type(e).__name__}: {redact(str(e))}"
         ) from None
     steps = sorted(
         {m.group(1) for f in files if (m := _STEP_FOLDER.match(f))},
@@ -116,10 +126,13 @@ def download_latest_checkpoint(repo_id: str, output_dir: Path) -> Path:
             f"{C.TRAINING_STATE_DIR}/{C.TRAINING_STEP} (was it pushed with its training state?)"
         )
     step = complete[-1]
-    snapshot_download(
-        repo_id,
-        repo_type="model",
-        allow_patterns=[f"{C.CHECKPOINTS_DIR}/{step}/*"],
-        local_dir=str(output_dir),
+    with_retries(
+        lambda: snapshot_download(
+            repo_id,
+            repo_type="model",
+            allow_patterns=[f"{C.CHECKPOINTS_DIR}/{step}/*"],
+            local_dir=str(output_dir),
+        ),
+        what=f"downloading checkpoint {step} of {repo_id}",
     )
     return output_dir / C.CHECKPOINTS_DIR / step

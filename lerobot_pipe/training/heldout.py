@@ -38,7 +38,7 @@ from torch import nn
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.datasets import LeRobotDataset
-from lerobot_pipe.datasets.lerobot_dataset import episode_first_tasks
+from lerobot_pipe.datasets.metadata import episode_first_tasks
 from lerobot_pipe.datasets.prefetch import to_device
 from lerobot_pipe.datasets.transforms import sample_keys
 

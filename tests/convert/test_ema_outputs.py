@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from tiny import DETERMINISTIC, run_train, tiny_act_flags
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
+from lerobot_pipe.convert import load_dcp_state_dict
 from lerobot_pipe.hub import publish_checkpoint
 from lerobot_pipe.scripts.convert_dcp import main as convert_main
 

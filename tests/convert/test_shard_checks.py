@@ -19,7 +19,9 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.convert import (
     ConversionError,
     convert_checkpoint,
+    dcp_read,
     load_dcp_state_dict,
+    verify,
     verify_against_dcp,
 )
 from lerobot_pipe.convert import dcp_to_safetensors as mod
@@ -102,7 +104,7 @@ def test_without_a_manifest_damage_is_still_named_but_a_data_bit_flip_is_not_fou
 ):
     step, reference = dcp_step
     _drop_manifest(step)
-    caplog.set_level(logging.WARNING, logger=mod.__name__)
+    caplog.set_level(logging.WARNING, logger=dcp_read.__name__)
     out = convert_checkpoint(step, delete_dcp=False)
     assert "No file manifest lists" in caplog.text and "flipped bit" in caplog.text
     assert load_file(str(out)).keys() == load_file(str(reference)).keys()
@@ -137,7 +139,7 @@ def test_a_malformed_training_step_json_is_named(dcp_step):
 
 def test_read_back_through_many_handles_still_compares_every_tensor(dcp_step, monkeypatch):
     step, reference = dcp_step
-    monkeypatch.setattr(mod, "_READBACK_BYTES", 1)  # a new safe_open handle for every tensor
+    monkeypatch.setattr(verify, "_READBACK_BYTES", 1)  # a new safe_open handle for every tensor
     state = load_dcp_state_dict(_dcp(step))
     verify_against_dcp(reference, state)
     last = sorted(state)[-1]

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from tiny import DETERMINISTIC, full_state, losses, tiny_act_flags
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
+from lerobot_pipe.convert import load_dcp_state_dict
 from lerobot_pipe.distributed.parallel_dims import resolve_parallelism
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.training.preflight import (

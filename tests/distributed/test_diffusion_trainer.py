@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from tiny import full_state, losses, tiny_diffusion_flags
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.convert.dcp_to_safetensors import convert_checkpoint, load_dcp_state_dict
+from lerobot_pipe.convert import convert_checkpoint, load_dcp_state_dict
 from lerobot_pipe.datasets import GlobalBatchSampler
 from lerobot_pipe.distributed.batch_norm import batch_norms
 from lerobot_pipe.distributed.runtime import destroy, init_distributed

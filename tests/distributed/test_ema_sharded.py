@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from tiny import DETERMINISTIC, run_on_topology, tiny_act_flags, train_one_rank
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
+from lerobot_pipe.convert import load_dcp_state_dict
 
 pytestmark = pytest.mark.torch_range
 

@@ -8,7 +8,7 @@ from launch import run_distributed
 
 from lerobot_pipe.distributed.runtime import run_on_main
 from lerobot_pipe.hub import PublishError
-from lerobot_pipe.hub.publish import redacted
+from lerobot_pipe.utils.hub_http import redacted
 
 pytestmark = pytest.mark.torch_range
 

@@ -18,7 +18,7 @@ from tiny import (
     train_one_rank,
 )
 
-from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
+from lerobot_pipe.convert import load_dcp_state_dict
 
 pytestmark = pytest.mark.torch_range
 

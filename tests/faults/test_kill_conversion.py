@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from tiny import train_fsdp2_dcp
 
 from lerobot_pipe.checkpoint.resume import validate_checkpoint as validate_checkpoint_layout
-from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
+from lerobot_pipe.convert import load_dcp_state_dict
 
 POINTS = ["convert:before_replace", "convert:after_replace", "convert:during_delete"]
 

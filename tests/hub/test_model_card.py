@@ -1,6 +1,7 @@
 """make_model_card: Hub metadata, tables, no secrets."""
 
 import yaml
+from huggingface_hub import ModelCard
 
 from lerobot_pipe.hub import make_model_card
 
@@ -38,6 +39,7 @@ def test_front_matter_and_body():
     assert meta["datasets"] == ["lerobot/pusht"]
     assert meta["base_model"] == "alice/act-base"
     assert meta["license"] == "apache-2.0"
+    assert meta["model_name"] == "act"  # LeRobot's card names the policy type
     assert meta["tags"] == ["lerobot", "robotics", "act", "lerobot_pipe", "pusht"]
 
     assert "alice/act-pusht" in body.splitlines()[1]
@@ -56,6 +58,9 @@ def test_front_matter_and_body():
     assert "## How to use" in body and 'from_pretrained("alice/act-pusht")' in body
     assert TOKEN not in card
     assert "token" not in card.lower().replace("tokens", "")
+    # huggingface_hub reads the card back with the same metadata.
+    data = ModelCard(card).data
+    assert (data.library_name, data.pipeline_tag, data.model_name) == ("lerobot", "robotics", "act")
 
 
 def test_minimal_card():
@@ -69,6 +74,6 @@ def test_minimal_card():
         license=None,
     )
     meta, body = split_card(card)
-    assert set(meta) == {"library_name", "pipeline_tag", "tags"}
+    assert set(meta) == {"library_name", "pipeline_tag", "model_name", "tags"}
     assert meta["tags"] == ["lerobot", "robotics", "diffusion", "lerobot_pipe"]
     assert "## Metrics" not in body

@@ -293,7 +293,7 @@ def test_resharded_resume_loads_bit_exact(sources, source, targets, tmp_path):
     shards, the one FSDP2 itself loads), and the run goes on as the uninterrupted one."""
     from safetensors.torch import load_file
 
-    from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
+    from lerobot_pipe.convert import load_dcp_state_dict
 
     src_out, _ = sources[source]
     step_dir = src_out / "checkpoints" / f"{K:06d}"
@@ -410,7 +410,7 @@ def bf16_runs(parts, base) -> dict[str, tuple[Path, list[dict]]]:
 def test_a_bf16_base_fine_tunes_keeping_trainable_parameters_in_fp32(bf16_runs, base, name):
     from safetensors.torch import load_file
 
-    from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
+    from lerobot_pipe.convert import load_dcp_state_dict
 
     out, ranks = bf16_runs[name]
     curve = losses(out)

@@ -15,7 +15,7 @@ from torch import nn
 
 from lerobot_pipe import constants as C
 from lerobot_pipe.configs.train import EMAConfig
-from lerobot_pipe.convert.dcp_to_safetensors import load_dcp_state_dict
+from lerobot_pipe.convert import load_dcp_state_dict
 from lerobot_pipe.training.ema import EMAState, ema_decay, evaluation_weights
 
 pytestmark = pytest.mark.torch_range

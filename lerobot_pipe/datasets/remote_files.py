@@ -1,0 +1,101 @@
+"""Read-only, seekable file objects over a :class:`~lerobot_pipe.datasets.hub_files.HubFileCache`'s
+repository files, for readers that need only parts of a file: pyarrow reads a parquet file's
+footer and the row groups asked for (:class:`RemoteFile`, :func:`parquet_metadata`), a video
+decoder the container's index and the blocks of the frames it decodes (:class:`BlockFile`)."""
+
+from __future__ import annotations
+
+import io
+
+from lerobot_pipe.datasets.hub_files import DEFAULT_BLOCK_BYTES, HubFileCache
+from lerobot_pipe.datasets.metadata import DatasetError
+
+
+class _RemoteFileBase(io.RawIOBase):
+    """A read-only, seekable file over ``cache``'s repository file ``path``: the position and
+    its seeks; subclasses fetch the bytes of ``readinto``."""
+
+    def __init__(self, cache: HubFileCache, path: str) -> None:
+        super().__init__()
+        self.cache = cache
+        self.path = path
+        self.size = cache.size(path)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+
+class RemoteFile(_RemoteFileBase):
+    """A file over HTTP range requests (each read one range, with the cache's retries), for
+    readers that fetch only parts of a file: pyarrow reads a parquet file's footer and then only
+    the row groups asked for."""
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self.size - self._pos)
+        if n <= 0:
+            return 0
+        data = self.cache.read_range(self.path, self._pos, self._pos + n - 1)
+        buffer[:n] = data
+        self._pos += n
+        return n
+
+
+class BlockFile(_RemoteFileBase):
+    """A file over :meth:`HubFileCache.read_blocks` blocks: what a video decoder reads instead of
+    a local copy, so that it fetches the container's index and the blocks of the frames it
+    decodes, not the whole file. A read fills the buffer whole (up to the end of the file), its
+    missing blocks fetched in one request."""
+
+    def __init__(
+        self, cache: HubFileCache, path: str, block_bytes: int = DEFAULT_BLOCK_BYTES
+    ) -> None:
+        super().__init__(cache, path)
+        self.block_bytes = block_bytes
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self.size - self._pos))
+        if not n:
+            return 0
+        first, skip = divmod(self._pos, self.block_bytes)
+        last = (self._pos + n - 1) // self.block_bytes
+        done = 0
+        for block in self.cache.read_blocks(self.path, first, last, self.block_bytes):
+            take = min(n - done, len(block) - skip)
+            view[done : done + take] = block[skip : skip + take]
+            done += take
+            skip = 0
+        self._pos += done
+        return done
+
+
+def parquet_metadata(cache: HubFileCache, path: str):
+    """The footer (``FileMetaData``) of parquet file ``path``: its last 8 bytes, then the footer
+    itself, two range requests. pyarrow's own reader first reads the last 64 KiB whatever the
+    footer's size (a whole small file); here it reads from a view of the file that holds only the
+    footer and zeros before it, which the footer's parser never looks at."""
+    import pyarrow.parquet as pq
+
+    size = cache.size(path)
+    tail = cache.read_range(path, max(0, size - 8), size - 1)
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        raise DatasetError(f"{cache.repo_id}: {path}: not a parquet file (no PAR1 footer)")
+    length = int.from_bytes(tail[:4], "little")
+    start = size - 8 - length
+    if start < 4:
+        raise DatasetError(f"{cache.repo_id}: {path}: footer length {length} exceeds the file")
+    footer = cache.read_range(path, start, size - 9) + tail
+    view = io.BytesIO(bytes(start) + footer)
+    return pq.read_metadata(view)
