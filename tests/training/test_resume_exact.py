@@ -8,8 +8,6 @@ from launch import run_distributed
 from safetensors.torch import load_file
 from tiny import DETERMINISTIC, losses, run_train, tiny_act_flags
 
-pytestmark = pytest.mark.torch_range
-
 
 def _tensors(step_dir, rel):
     return load_file(f"{step_dir}/{rel}")
