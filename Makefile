@@ -46,8 +46,10 @@ BENCH_TORCH := torch==2.11.0 torchcodec==0.11.1
 # The torch range that pyproject.toml claims, tested on its ends: `make test-torch TORCH=2.11.0`
 # builds .venv-torch-2.11.0 (Python 3.11; PyPI's torch==$(TORCH), the CUDA build, which runs on
 # the CPU; no torchcodec, whose builds each pair with one torch: videos decode with PyAV) and runs
-# the tests marked torch_range in it (sharding, DCP, conversion, resume, async checkpoints, mixed
-# precision, EMA), torch's version printed first. .ci/run runs it for the oldest and the newest.
+# the tests marked torch_range in it (what torch's own internals decide: FSDP2 sharding, DTensor,
+# DCP save, resharding and conversion, async staging, mixed precision, the sharded EMA, the fused
+# optimizer, activation checkpointing), torch's version printed first. .ci/run runs it for the
+# oldest and the newest.
 TORCH ?=
 PY311 ?= python3.11
 TORCH_RANGE_EXTRAS ?= pipeline,dev

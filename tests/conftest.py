@@ -10,12 +10,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from tiers import (  # noqa: E402
-    FAST_TIER,
-    LEFT_TO_THE_FULL_SUITE,
-    MODULE_CHECK,
-    UNMATCHED_LEFT_OUT,
-)
+from tiers import FAST_TIER, MODULE_CHECK, UNMARKED_UPSTREAM, UPSTREAM_FIXTURE  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -37,17 +32,13 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    matched = set()
-    for item in items:
-        # tests/datasets/conftest.py's fixture that runs released LeRobot's own code.
-        if "upstream" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.interop)
-        for name in (item.nodeid, item.nodeid.split("[")[0], item.nodeid.split("::")[0]):
-            if name in LEFT_TO_THE_FULL_SUITE:
-                item.add_marker(pytest.mark.slow)
-                matched.add(name)
-    # For tests/test_fast_tier.py: an entry that names no test (renamed, moved) is a mistake.
-    config.stash[UNMATCHED_LEFT_OUT] = sorted(set(LEFT_TO_THE_FULL_SUITE) - matched)
+    # For tests/test_fast_tier.py, which runs where -m has deselected these tests.
+    config.stash[UNMARKED_UPSTREAM] = [
+        item.nodeid
+        for item in items
+        if UPSTREAM_FIXTURE in getattr(item, "fixturenames", ())
+        and item.get_closest_marker("interop") is None
+    ]
     items.sort(key=lambda item: item.nodeid.endswith(MODULE_CHECK))
 
 

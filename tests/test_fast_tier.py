@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from tiers import UNMATCHED_LEFT_OUT
+from tiers import UNMARKED_UPSTREAM, UPSTREAM_FIXTURE
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "lerobot_pipe"
@@ -132,9 +132,13 @@ def test_every_module_is_imported_by_a_fast_test(request):
     )
 
 
-def test_every_test_left_to_the_full_suite_exists(request):
-    """tests/conftest.py's LEFT_TO_THE_FULL_SUITE names tests that exist (when the whole of
-    tests/ was collected: a run of a few files leaves the others unmatched)."""
+def test_every_test_of_released_lerobot_says_it_is_interop(request):
+    """A test that runs released LeRobot (the ``upstream`` fixture) is marked interop in its own
+    file, so that the fast tier never needs LeRobot's venv and `pytest -m interop` finds it."""
     if not whole_suite_collected(request):
         pytest.skip("checks a collection of the whole of tests/ (make test, make test-fast)")
-    assert request.config.stash[UNMATCHED_LEFT_OUT] == []
+    unmarked = request.config.stash[UNMARKED_UPSTREAM]
+    assert not unmarked, (
+        f"{', '.join(unmarked)} use the {UPSTREAM_FIXTURE!r} fixture without the interop marker: "
+        "add @pytest.mark.interop (or the module's pytestmark)"
+    )

@@ -16,8 +16,6 @@ from lerobot_pipe.configs.parser import to_dict
 from lerobot_pipe.training.preflight import make_plan
 from lerobot_pipe.training.train import train
 
-pytestmark = pytest.mark.torch_range
-
 
 @pytest.fixture(scope="module")
 def run(dataset_root, tmp_path_factory):

@@ -16,8 +16,6 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.configs.parser import convert_value, parse_options
 from lerobot_pipe.scripts.convert_dcp import ConvertOptions, main
 
-pytestmark = pytest.mark.torch_range
-
 FLAGS = [f"--{f.name}" for f in dataclasses.fields(ConvertOptions)]
 
 

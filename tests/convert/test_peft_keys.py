@@ -13,8 +13,6 @@ from safetensors.torch import load_file
 from lerobot_pipe import constants as C
 from lerobot_pipe.convert import ConversionError, convert_checkpoint
 
-pytestmark = pytest.mark.torch_range
-
 peft = pytest.importorskip("peft")
 
 TARGETS = ["linear1", "linear2", "encoder_env_state_input_proj"]

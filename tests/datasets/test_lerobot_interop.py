@@ -15,6 +15,8 @@ from lerobot_pipe.datasets import LeRobotDataset
 from lerobot_pipe.datasets.synthetic import _rollout, render
 from lerobot_pipe.datasets.writer import DatasetWriter, camera_feature
 
+pytestmark = pytest.mark.interop
+
 NUMERIC = ("observation.state", "action")
 CAMERAS = {"observation.images.top": "top", "observation.images.wrist": "wrist"}
 LENGTHS = [12, 9, 14]

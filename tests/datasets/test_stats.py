@@ -178,6 +178,7 @@ def test_to_json_writes_lists():
 
 
 @pytest.mark.interop
+@pytest.mark.interop
 def test_lerobots_compute_stats_agree(upstream: Callable, tmp_path: Path) -> None:
     """LeRobot's compute_episode_stats and aggregate_stats on the same episodes (numeric columns
     of float32, float64 and int64, a one-frame episode, a constant column, PNG camera frames with

@@ -27,6 +27,7 @@ def _enabled(**kwargs) -> T.ImageTransforms:
     return T.ImageTransforms(T.ImageTransformsConfig(enable=True, **kwargs))
 
 
+@pytest.mark.interop
 def test_kernels_match_torchvision(upstream: Callable, tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     frames = _frames()

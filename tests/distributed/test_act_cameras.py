@@ -32,6 +32,9 @@ from lerobot_pipe.training.preflight import (
 )
 from lerobot_pipe.training.train import prepare_session, run_loop
 
+# Its runs share one fixture, too long for the fast tier's 5 minutes.
+pytestmark = pytest.mark.slow
+
 CAMERA = "observation.images.top"
 HW, STATE_DIM, ACTION_DIM = (64, 64), 2, 2
 LR_BACKBONE = 3e-4

@@ -33,6 +33,9 @@ from lerobot_pipe.policies.diffusion import DiffusionPolicy
 from lerobot_pipe.training.preflight import make_plan, sample_indices
 from lerobot_pipe.training.train import prepare_session, run_loop
 
+# Twelve runs behind one fixture: too long for the fast tier's 5 minutes.
+pytestmark = pytest.mark.slow
+
 GN = {"policy.use_group_norm": "true"}
 CROP = {"policy.crop_shape": "[40,40]"}  # of 48x48 frames; resnet18's feature map stays 2x2
 

@@ -42,6 +42,7 @@ def ddp_curve(dataset_root, tmp_path_factory):
     ],
     ids=["ignored-modules", "no-reshard", "cpu-offload", "min-num-params", "custom-mp-policy"],
 )
+@pytest.mark.slow
 def test_fsdp_option_matches_ddp(ddp_curve, dataset_root, tmp_path, options):
     flags = tiny_act_flags(
         **DETERMINISTIC,

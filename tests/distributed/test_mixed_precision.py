@@ -17,12 +17,11 @@ pytestmark = pytest.mark.torch_range
 @pytest.mark.parametrize(
     ("precision", "parallel"),
     [
-        ("bf16", ["--parallelism.dp_shard=2"]),
-        ("fp16", ["--parallelism.dp_shard=2"]),
-        ("bf16", []),
-        ("fp16", []),
+        pytest.param("bf16", ["--parallelism.dp_shard=2"], id="bf16-fsdp2", marks=pytest.mark.slow),
+        pytest.param("fp16", ["--parallelism.dp_shard=2"], id="fp16-fsdp2", marks=pytest.mark.slow),
+        pytest.param("bf16", [], id="bf16-ddp"),
+        pytest.param("fp16", [], id="fp16-ddp"),
     ],
-    ids=["bf16-fsdp2", "fp16-fsdp2", "bf16-ddp", "fp16-ddp"],
 )
 def test_mixed_precision_trains_and_resumes(dataset_root, tmp_path, precision, parallel):
     flags = tiny_act_flags(

@@ -6,8 +6,6 @@ from lerobot_pipe.configs.parser import ConfigError
 from lerobot_pipe.configs.train import ParallelismConfig
 from lerobot_pipe.distributed.parallel_dims import resolve_parallelism
 
-pytestmark = pytest.mark.torch_range
-
 
 @pytest.mark.parametrize(
     ("replicate", "shard", "world", "expected"),

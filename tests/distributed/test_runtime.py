@@ -10,8 +10,6 @@ from lerobot_pipe.distributed.runtime import run_on_main
 from lerobot_pipe.hub import PublishError
 from lerobot_pipe.utils.hub_http import redacted
 
-pytestmark = pytest.mark.torch_range
-
 
 def publish_from_main_process(fn, *args, **kwargs):
     return run_on_main(

@@ -126,6 +126,7 @@ def _equal(a: dict, b: dict, what: str) -> None:
         assert torch.equal(a[k], b[k]), f"{what}: {k} differs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", list(TOPOLOGIES))
 def test_resharding_matrix(sources, source, tmp_path):
     src_out, _ = sources[source]

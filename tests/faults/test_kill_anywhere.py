@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import queue
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -125,13 +126,22 @@ def _flags(dataset_root, mode, out):
 
 
 @pytest.fixture(scope="module")
-def reference(dataset_root, tmp_path_factory):
+def uninterrupted(dataset_root, tmp_path_factory):
+    """mode -> the output folder of an uninterrupted run (tests copy it, never change it)."""
     runs = {}
     for mode in MODES:
-        out = tmp_path_factory.mktemp(mode) / "out"
-        run_distributed(run_train, 2, _flags(dataset_root, mode, out))
-        runs[mode] = load_file(out / "checkpoints/000006/pretrained_model/model.safetensors")
+        runs[mode] = tmp_path_factory.mktemp(mode) / "out"
+        run_distributed(run_train, 2, _flags(dataset_root, mode, runs[mode]))
     return runs
+
+
+@pytest.fixture(scope="module")
+def reference(uninterrupted):
+    """mode -> the final weights of an uninterrupted run."""
+    return {
+        mode: load_file(out / "checkpoints/000006/pretrained_model/model.safetensors")
+        for mode, out in uninterrupted.items()
+    }
 
 
 def _digest(folder):
@@ -183,14 +193,15 @@ def run_train_without_exchange(argv):
 
 @pytest.mark.parametrize("point", REPLACE_POINTS)
 def test_replacing_a_checkpoint_of_the_same_step_never_loses_it(
-    reference, dataset_root, tmp_path, point
+    uninterrupted, reference, dataset_root, tmp_path, point
 ):
     """Resuming from step 2 while step 4 exists saves step 4 again: the old one is swapped out
     atomically (or, without the exchange, moved aside and put back by the next start), so a kill
     on either side of the swap leaves one complete step 4."""
     out = tmp_path / "out"
     argv = _flags(dataset_root, "ddp", out)
-    run_distributed(run_train, 2, argv)
+    # The same command's uninterrupted run, copied instead of trained again.
+    shutil.copytree(uninterrupted["ddp"], out, symlinks=True)
     resume_from_2 = ["--resume=true", f"--config_path={out / 'checkpoints/000002'}", *argv]
     trainer = run_train_without_exchange if point == "save:during_replace" else run_train
     with pytest.raises((RuntimeError, queue.Empty)):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest_hub import hub_server  # noqa: F401 - fixture
 from huggingface_hub import HfApi
 from tiny import tiny_act_flags
@@ -25,6 +26,7 @@ def _train(argv, hub, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_dataset_repo_push_and_policy_path(hub_server, dataset_root, tmp_path):  # noqa: F811
     api = HfApi(endpoint=hub_server.url, token=hub_server.token)
     api.create_repo("alice/point2d", repo_type="dataset")

@@ -22,6 +22,7 @@ def _scan(root: Path, secret: str) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
 
 
+@pytest.mark.slow
 def test_token_appears_in_no_written_file_or_log(hub_server, dataset_root, tmp_path):  # noqa: F811
     env = {
         **os.environ,

@@ -87,7 +87,7 @@ def _contents(step_dir, ignore=("checkpoint_async",)):
     return files, config, info
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
 def test_async_writes_the_same_bytes_and_resumes_the_same(dataset_root, tmp_path, mode):
     out = tmp_path / "out"  # both runs in the same place: DCP's metadata records the path
     argv = [*_flags(dataset_root, out), *MODES[mode]]
@@ -122,6 +122,7 @@ def test_async_writes_the_same_bytes_and_resumes_the_same(dataset_root, tmp_path
         assert resumed == _contents(tmp_path / "sync/checkpoints/000004", ignore)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [m for m in SHARDED if m != "fsdp2-safetensors_dcp"])
 def test_sharded_async_gathers_the_same_bytes(dataset_root, tmp_path, mode):
     """(fsdp2-safetensors_dcp: the test above, which also resumes.)"""

@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
 from launch import run_distributed
 from tiny import run_train, tiny_act_flags
 
 from lerobot_pipe.checkpoint.layout import list_complete_checkpoints, step_folder_name
-
-pytestmark = pytest.mark.torch_range
 
 PRETRAINED = {
     "config.json",

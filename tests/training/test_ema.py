@@ -18,8 +18,6 @@ from lerobot_pipe.configs.train import EMAConfig
 from lerobot_pipe.convert import load_dcp_state_dict
 from lerobot_pipe.training.ema import EMAState, ema_decay, evaluation_weights
 
-pytestmark = pytest.mark.torch_range
-
 STEPS = 6
 
 

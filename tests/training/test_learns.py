@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from tiny import losses, run_train, tiny_act_flags, tiny_diffusion_flags
 
 
@@ -24,6 +25,7 @@ def test_tiny_act_learns_synthetic_task(dataset_root, tmp_path):
     assert curve[150] < 0.25 * curve[10], curve
 
 
+@pytest.mark.slow
 def test_tiny_act_learns_the_task_from_pixels_alone(tmp_path):
     """No observation.environment_state: the goal is only visible in the camera (AV1 video);
     the ResNet backbone starts from random weights."""
@@ -59,6 +61,7 @@ def test_tiny_act_learns_the_task_from_pixels_alone(tmp_path):
     assert curve[100] < 0.3 * curve[10], curve
 
 
+@pytest.mark.slow
 def test_tiny_diffusion_learns_the_camera_task(diffusion_camera_root, tmp_path):
     """The denoising loss of the tiny Diffusion Policy (random-init resnet18 on the 48x48
     camera, random crops) falls well below its start."""

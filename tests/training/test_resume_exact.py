@@ -8,8 +8,6 @@ from launch import run_distributed
 from safetensors.torch import load_file
 from tiny import DETERMINISTIC, losses, run_train, tiny_act_flags
 
-pytestmark = pytest.mark.torch_range
-
 
 def _tensors(step_dir, rel):
     return load_file(f"{step_dir}/{rel}")
@@ -61,6 +59,7 @@ def test_resume_two_processes_to_one_is_sample_exact(dataset_root, tmp_path):
         assert abs(ref[step] - resumed[step]) < 1e-5, (step, ref[step], resumed[step])
 
 
+@pytest.mark.slow
 def test_resume_two_to_two_with_randomness_restores_every_rank(dataset_root, tmp_path):
     flags = tiny_act_flags(**{"dataset.root": dataset_root, "save_freq": 4, "batch_size": 4})
     run_distributed(run_train, 2, [*flags, f"--output_dir={tmp_path / 'full'}", "--steps=8"])

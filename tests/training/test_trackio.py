@@ -14,6 +14,7 @@ from tiny import tiny_act_flags
 pytest.importorskip("trackio")
 
 
+@pytest.mark.slow
 def test_trackio_logs_metrics_offline(dataset_root, tmp_path):
     # trackio reads TRACKIO_DIR at import: run lerobot-train as its own process.
     flags = tiny_act_flags(

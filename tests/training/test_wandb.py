@@ -316,6 +316,7 @@ def _no_network_prefix() -> list[str]:
     return [unshare, "-rn"] if ok else []
 
 
+@pytest.mark.slow
 def test_offline_mode_needs_no_network(wandb_env, dataset_root, tmp_path):
     import os
     import subprocess

@@ -207,6 +207,7 @@ def test_null_keys_are_passed_to_lerobot_train(workspace):
     assert "--dataset.repo_id=null --dataset.revision=null" in result.output
 
 
+@pytest.mark.slow
 def test_only_complete_checkpoints_are_converted(trained):
     result = trained.run_ok("-n", "convert_all")
     assert result.jobs() == {"convert": 2, "convert_all": 1}
@@ -220,6 +221,7 @@ def test_publish_all_without_a_repository_says_how_to_set_one(trained):
     assert "hub_repo_id" in result.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps, published", [("final", ["000040"]), ("all", ["000020", "000040"])])
 def test_publish_selects_the_configured_steps(trained, steps, published):
     name = trained.write_config("override.yaml", {"publish": {"steps": steps}})
