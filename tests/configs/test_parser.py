@@ -9,7 +9,8 @@ import pytest
 from lerobot_pipe.configs.optim import AdamConfig
 from lerobot_pipe.configs.parser import ConfigError, from_dict, split_flags, to_dict
 from lerobot_pipe.configs.train import TrainConfig
-from lerobot_pipe.training.preflight import parse_train_config, validate_config
+from lerobot_pipe.configs.loading import parse_train_config
+from lerobot_pipe.training.config_checks import validate_config
 
 
 def test_split_flags_forms():
@@ -192,7 +193,7 @@ def test_resolving_a_config_keeps_the_fields_its_file_held_beyond_ours():
     resolved config is a new value, and it writes them back."""
     from lerobot_pipe.configs.parser import from_dict, to_dict
     from lerobot_pipe.configs.train import TrainConfig
-    from lerobot_pipe.training.preflight import resolve_config
+    from lerobot_pipe.training.config_checks import resolve_config
 
     cfg = from_dict(
         TrainConfig,

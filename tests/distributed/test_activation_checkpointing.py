@@ -15,7 +15,8 @@ from lerobot_pipe.distributed.activation_checkpointing import (
     apply_activation_checkpointing,
     checkpointed_units,
 )
-from lerobot_pipe.training.preflight import parse_train_config, validate_config
+from lerobot_pipe.configs.loading import parse_train_config
+from lerobot_pipe.training.config_checks import validate_config
 
 pytestmark = pytest.mark.torch_range
 

@@ -30,8 +30,10 @@ from lerobot_pipe.datasets import GlobalBatchSampler
 from lerobot_pipe.distributed.batch_norm import batch_norms
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.policies.diffusion import DiffusionPolicy
-from lerobot_pipe.training.preflight import make_plan, sample_indices
-from lerobot_pipe.training.train import prepare_session, run_loop
+from lerobot_pipe.training.data import sample_indices
+from lerobot_pipe.training.preflight import make_plan
+from lerobot_pipe.training.loop import run_loop
+from lerobot_pipe.training.session import prepare_session
 
 GN = {"policy.use_group_norm": "true"}
 CROP = {"policy.crop_shape": "[40,40]"}  # of 48x48 frames; resnet18's feature map stays 2x2
