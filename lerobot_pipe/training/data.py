@@ -65,9 +65,8 @@ def open_streaming_dataset(
     checkpoint's, on resume), cached per rank under --dataset.root or HF_HOME."""
     from huggingface_hub import constants as hub_constants
 
-    revision = cfg.dataset.revision
-    if point is not None and point.stream_revision is not None:
-        revision = point.stream_revision
+    saved = point.stream_revision if point is not None else None
+    revision = saved if saved is not None else cfg.dataset.revision
     folder = (
         Path(cfg.dataset.root).expanduser()
         if cfg.dataset.root
