@@ -209,7 +209,7 @@ def diffusion_policy_and_data(
     from lerobot_pipe.datasets import GlobalBatchSampler, LeRobotDataset
     from lerobot_pipe.policies.diffusion import DiffusionConfig
     from lerobot_pipe.policies.factory import make_policy, make_pre_post_processors
-    from lerobot_pipe.training.preflight import sample_indices
+    from lerobot_pipe.training.data import sample_indices
 
     cfg = DiffusionConfig(**{"pretrained_backbone_weights": None, **fields})
     probe = LeRobotDataset(dataset_root)

@@ -97,7 +97,7 @@ def rank_main(argv: list[str]) -> dict:
     from lerobot_pipe.datasets import BatchPrefetcher, GlobalBatchSampler
     from lerobot_pipe.distributed.runtime import destroy, init_distributed
     from lerobot_pipe.training.preflight import make_plan
-    from lerobot_pipe.training.train import prepare_session
+    from lerobot_pipe.training.session import prepare_session
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     plan = make_plan(argv, world, os.environ)

@@ -78,8 +78,9 @@ def train_one_rank(argv: list[str], inspect=None):
     import os
 
     from lerobot_pipe.distributed.runtime import destroy, init_distributed
+    from lerobot_pipe.training.loop import run_loop
     from lerobot_pipe.training.preflight import make_plan
-    from lerobot_pipe.training.train import prepare_session, run_loop
+    from lerobot_pipe.training.session import prepare_session
 
     plan = make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
     env = init_distributed()

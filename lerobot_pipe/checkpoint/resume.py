@@ -53,6 +53,12 @@ class ResumePoint:
     def step(self) -> int:
         return int(self.info["step"])
 
+    @property
+    def stream_revision(self) -> str | None:
+        """The Hub commit a streaming run read (its stream state); None when it has none."""
+        saved = self.step_dir / C.TRAINING_STATE_DIR / C.STREAM_STATE
+        return read_checkpoint_json(saved)["revision"] if saved.is_file() else None
+
 
 def validate_checkpoint(step_dir: Path, *, hashes: bool = True) -> dict:
     """Check that a step folder is a complete checkpoint of this project's layout; return its

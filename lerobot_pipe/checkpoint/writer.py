@@ -88,6 +88,7 @@ from lerobot_pipe.checkpoint.lerobot_state import (
 )
 from lerobot_pipe.checkpoint.manifest import file_entry, ordered
 from lerobot_pipe.checkpoint.stateful import PretrainedWriter, TrainState
+from lerobot_pipe.configs.checkpoint_format import CheckpointFormat
 from lerobot_pipe.distributed.runtime import barrier, broadcast_from_main, gather_objects
 from lerobot_pipe.fsutil import fsync_path, write_json_atomic
 from lerobot_pipe.utils.faults import fault_point, saving_step
@@ -137,7 +138,7 @@ class CheckpointWriter:
         output_dir: str | Path,
         *,
         total_steps: int,
-        checkpoint_format: str,
+        checkpoint_format: CheckpointFormat | str,
         sharded: bool,
         run_info: dict,
         async_save: bool = False,
@@ -146,8 +147,9 @@ class CheckpointWriter:
         self.output_dir = Path(output_dir)
         self.root = checkpoints_dir(output_dir)
         self.total_steps = total_steps
-        self.write_safetensors = checkpoint_format in ("safetensors", "safetensors_dcp")
-        self.write_dcp = checkpoint_format in ("dcp", "safetensors_dcp")
+        checkpoint_format = CheckpointFormat(checkpoint_format)
+        self.write_safetensors = checkpoint_format.writes_safetensors
+        self.write_dcp = checkpoint_format.writes_dcp
         self.sharded = sharded
         self.run_info = run_info
         self.keep_last = keep_last

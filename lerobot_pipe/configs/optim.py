@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lerobot_pipe.configs import checks
 from lerobot_pipe.configs.choice import ChoiceRegistry
+from lerobot_pipe.configs.parser import ConfigError
 
 
 @dataclass
@@ -21,6 +23,11 @@ class OptimizerConfig(ChoiceRegistry, choice_base=True, choice_kind="optimizer")
     lr: float = 1e-3  # learning rate (a policy's parameter group may set its own)
     weight_decay: float = 0.0  # decoupled for adamw, L2 for adam and sgd
     grad_clip_norm: float = 10.0  # clip the global gradient norm to this (0: no clipping)
+
+    def validate(self) -> None:
+        checks.positive("optimizer.lr", self.lr)
+        checks.non_negative("optimizer.weight_decay", self.weight_decay)
+        checks.non_negative("optimizer.grad_clip_norm", self.grad_clip_norm)
 
 
 @OptimizerConfig.register_subclass("adam")
@@ -58,6 +65,10 @@ class SchedulerConfig(ChoiceRegistry, choice_base=True, choice_kind="scheduler")
 
     num_warmup_steps: int | None = None  # loop steps of linear warmup from lr 0
 
+    def validate(self) -> None:
+        if self.num_warmup_steps is not None:
+            checks.non_negative("scheduler.num_warmup_steps", self.num_warmup_steps)
+
 
 @SchedulerConfig.register_subclass("constant_with_warmup")
 @dataclass
@@ -82,6 +93,14 @@ class CosineDecayWithWarmupSchedulerConfig(SchedulerConfig):
     num_decay_steps: int | None = None  # loop steps of the cosine decay after the warmup
     peak_lr: float | None = None  # lr at the end of the warmup
     decay_lr: float | None = None  # lr at the end of the decay
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("num_warmup_steps", "num_decay_steps", "peak_lr", "decay_lr"):
+            if getattr(self, name) is None:
+                raise ConfigError(f"--scheduler.{name} is required by --scheduler.type={self.type}")
+        checks.positive("scheduler.num_decay_steps", self.num_decay_steps)
+        checks.positive("scheduler.peak_lr", self.peak_lr)
 
 
 @SchedulerConfig.register_subclass("diffuser")

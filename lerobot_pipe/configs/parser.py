@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import json
 import logging
 import types
@@ -144,6 +145,101 @@ def _describe(tp: Any) -> str:
     return " or ".join(names) + (" or null" if optional else "")
 
 
+def _to_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    # JSON 0/1, as LeRobot's draccus writes a flag it types int (e.g. ACT's
+    # replace_final_stride_with_dilation), like the strings "0"/"1" of a CLI flag.
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+        return raw.strip().lower() in _TRUE
+    raise ValueError
+
+
+def _to_int(raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise ValueError
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    return int(str(raw).replace("_", ""))
+
+
+def _to_float(raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ValueError
+    return float(raw)
+
+
+def _to_str(raw: Any) -> str:
+    if not isinstance(raw, str | int | float):
+        raise ValueError
+    return str(raw)
+
+
+def _to_any(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+    return raw
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str, Any: _to_any}
+
+
+def _as_sequence(raw: Any) -> Any:
+    """A JSON list, or a comma list, as a CLI flag types one."""
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    return json.loads(text) if text.startswith("[") else [s for s in text.split(",") if s]
+
+
+def _to_tuple(raw: Any, tp: Any, flag: str) -> tuple:
+    """A JSON list (or comma list) of the tuple's item types, as LeRobot's draccus reads
+    tuple[int, ...], tuple[int, int] and a bare tuple."""
+    value = _as_sequence(raw)
+    if not isinstance(value, list | tuple):
+        raise ValueError
+    args = typing.get_args(tp)
+    if len(args) == 2 and args[1] is Ellipsis:
+        args = (args[0],) * len(value)
+    elif args and len(args) != len(value):
+        raise ValueError
+    if not args:
+        return tuple(value)
+    return tuple(convert_value(v, t, flag) for v, t in zip(value, args, strict=True))
+
+
+def _to_list(raw: Any, tp: Any, flag: str) -> list:
+    value = _as_sequence(raw)
+    if not isinstance(value, list):
+        raise ValueError
+    (item_type,) = typing.get_args(tp) or (Any,)
+    if item_type is Any:
+        return value
+    return [convert_value(v, item_type, flag) for v in value]
+
+
+def _to_dict(raw: Any) -> dict:
+    value = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(value, dict):
+        raise ValueError
+    return value
+
+
+def _to_enum(raw: Any, tp: type[enum.Enum], flag: str) -> enum.Enum:
+    try:
+        return tp(raw)
+    except ValueError:
+        choices = ", ".join(str(member.value) for member in tp)
+        raise ConfigError(f"--{flag}={raw!r}: choose one of {choices}") from None
+
+
 def convert_value(raw: Any, tp: Any, flag: str) -> Any:
     """Convert a CLI string (or a JSON value) to the annotated type ``tp``. Null is handled by
     the caller (it means the field's default)."""
@@ -155,78 +251,18 @@ def convert_value(raw: Any, tp: Any, flag: str) -> Any:
                 return convert_value(raw, member, flag)
         raise ConfigError(f"--{flag}={raw!r}: expected {_describe(tp)}")
     inner = members[0]
+    origin = typing.get_origin(inner) or inner
+    if isinstance(inner, type) and issubclass(inner, enum.Enum):
+        return _to_enum(raw, inner, flag)
     try:
-        if inner is bool:
-            if isinstance(raw, bool):
-                return raw
-            # JSON 0/1, as LeRobot's draccus writes a flag it types int (e.g. ACT's
-            # replace_final_stride_with_dilation), like the strings "0"/"1" of a CLI flag.
-            if isinstance(raw, int) and raw in (0, 1):
-                return bool(raw)
-            if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
-                return raw.strip().lower() in _TRUE
-            raise ValueError
-        if inner is int:
-            if isinstance(raw, bool):
-                raise ValueError
-            if isinstance(raw, int):
-                return raw
-            if isinstance(raw, float) and raw.is_integer():
-                return int(raw)
-            return int(str(raw).replace("_", ""))
-        if inner is float:
-            if isinstance(raw, bool):
-                raise ValueError
-            return float(raw)
-        if inner is str:
-            if not isinstance(raw, str | int | float):
-                raise ValueError
-            return str(raw)
-        origin = typing.get_origin(inner)
-        if origin is tuple or inner is tuple:
-            # A JSON list (or comma list) of the tuple's item types, as LeRobot's draccus reads
-            # tuple[int, ...], tuple[int, int] and a bare tuple.
-            value = raw
-            if isinstance(raw, str):
-                text = raw.strip()
-                value = (
-                    json.loads(text) if text.startswith("[") else [s for s in text.split(",") if s]
-                )
-            if not isinstance(value, list | tuple):
-                raise ValueError
-            args = typing.get_args(inner)
-            if len(args) == 2 and args[1] is Ellipsis:
-                args = (args[0],) * len(value)
-            elif args and len(args) != len(value):
-                raise ValueError
-            if not args:
-                return tuple(value)
-            return tuple(convert_value(v, t, flag) for v, t in zip(value, args, strict=True))
+        if inner in _SCALARS:
+            return _SCALARS[inner](raw)
+        if origin is tuple:
+            return _to_tuple(raw, inner, flag)
         if origin is list:
-            value = raw
-            if isinstance(raw, str):
-                text = raw.strip()
-                value = (
-                    json.loads(text) if text.startswith("[") else [s for s in text.split(",") if s]
-                )
-            if not isinstance(value, list):
-                raise ValueError
-            (item_type,) = typing.get_args(inner) or (Any,)
-            if item_type is Any:
-                return value
-            return [convert_value(v, item_type, flag) for v in value]
-        if origin is dict or inner is dict:
-            value = json.loads(raw) if isinstance(raw, str) else raw
-            if not isinstance(value, dict):
-                raise ValueError
-            return value
-        if inner is Any:
-            if isinstance(raw, str):
-                try:
-                    return json.loads(raw)
-                except json.JSONDecodeError:
-                    return raw
-            return raw
+            return _to_list(raw, inner, flag)
+        if origin is dict:
+            return _to_dict(raw)
     except (ValueError, TypeError, json.JSONDecodeError):
         raise ConfigError(f"--{flag}={raw!r}: expected {_describe(tp)}") from None
     raise ConfigError(f"--{flag}: unsupported field type {tp}")
@@ -427,6 +463,8 @@ def to_dict(obj: Any) -> Any:
         return {k: to_dict(v) for k, v in obj.items()}
     if isinstance(obj, Path):
         return str(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
     return obj
 
 

@@ -16,17 +16,23 @@ kept at their defaults; a value that asks for the missing behaviour is refused b
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from lerobot_pipe.configs import checks
+from lerobot_pipe.configs.checkpoint_format import CheckpointFormat
 from lerobot_pipe.configs.envs import EnvConfig
 from lerobot_pipe.configs.optim import OptimizerConfig, SchedulerConfig
+from lerobot_pipe.configs.parser import ConfigError
 from lerobot_pipe.configs.policies import PreTrainedConfig
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 ACTIVATION_CHECKPOINTING_MODES = ("none", "full")
-CHECKPOINT_FORMATS = ("safetensors", "dcp", "safetensors_dcp")
 PEFT_METHODS = ("LORA",)
+
+log = logging.getLogger(__name__)
+
 
 # Metadata of extension fields: left out of train_config.json while they hold their default.
 OMIT_AT_DEFAULT = {"omit_at_default": True}
@@ -91,6 +97,28 @@ class DatasetConfig:
     streaming_shuffle_buffer: int = field(default=1000, metadata=OMIT_AT_DEFAULT)
     # share of each task's episodes held out (the last ones; training/heldout.py), in [0, 1)
     eval_split: float = 0.0
+
+    def validate(self) -> None:
+        if self.root is None and self.repo_id is None:
+            raise ConfigError(
+                "no dataset: pass --dataset.root=<folder> and/or --dataset.repo_id=<namespace/name>"
+            )
+        if self.streaming and self.repo_id is None:
+            raise ConfigError(
+                "--dataset.streaming=true reads a Hub dataset: pass --dataset.repo_id="
+                "<namespace/name> (a local --dataset.root is read without streaming)"
+            )
+        if not self.streaming_cache_mb > 0:
+            raise ConfigError(
+                f"--dataset.streaming_cache_mb={self.streaming_cache_mb}: must be positive (MiB "
+                "of files each rank keeps)"
+            )
+        checks.positive("dataset.streaming_shuffle_buffer", self.streaming_shuffle_buffer)
+        if not 0.0 <= self.eval_split < 1.0:
+            raise ConfigError(
+                f"--dataset.eval_split={self.eval_split}: must be in [0, 1) (the share of each "
+                "task's episodes held out; 0 holds none out)"
+            )
 
 
 @dataclass
@@ -158,6 +186,9 @@ class DDPConfig:
 class GradientAccumulationConfig:
     steps: int = 1  # loop steps (micro-batches) per optimizer update
 
+    def validate(self) -> None:
+        checks.positive("accelerator.gradient_accumulation.steps", self.steps)
+
 
 @dataclass
 class ActivationCheckpointingConfig:
@@ -166,6 +197,11 @@ class ActivationCheckpointingConfig:
     (lerobot_pipe/distributed/activation_checkpointing.py)."""
 
     mode: str = "none"  # none, or full: recompute each wrap unit in the backward
+
+    def validate(self) -> None:
+        checks.choice(
+            "accelerator.activation_checkpointing.mode", self.mode, ACTIVATION_CHECKPOINTING_MODES
+        )
 
 
 @dataclass
@@ -186,6 +222,11 @@ class AcceleratorConfig:
         default_factory=ActivationCheckpointingConfig, metadata=OMIT_AT_DEFAULT
     )
 
+    def validate(self) -> None:
+        checks.choice("accelerator.mixed_precision", self.mixed_precision, MIXED_PRECISION_CHOICES)
+        self.activation_checkpointing.validate()
+        self.gradient_accumulation.validate()
+
 
 @dataclass
 class PeftConfig:
@@ -199,6 +240,12 @@ class PeftConfig:
     r: int = 16  # LoRA rank
     lora_alpha: int | None = None  # LoRA scaling numerator (default: r)
     lora_dropout: float = field(default=0.0, metadata=OMIT_AT_DEFAULT)  # dropout before LoRA
+
+    def validate(self) -> None:
+        checks.choice("peft.method_type", self.method_type, PEFT_METHODS)
+        checks.positive("peft.r", self.r)
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"--peft.lora_dropout={self.lora_dropout}: must be in [0, 1)")
 
 
 @dataclass
@@ -215,6 +262,12 @@ class EvalConfig:
     recording: bool = False  # LeRobot's; not run here
     recording_repo_id: str | None = None  # LeRobot's; not run here
     recording_private: bool = False  # LeRobot's; not run here
+
+    def validate(self) -> None:
+        if self.n_episodes < 1:
+            raise ConfigError(f"--eval.n_episodes={self.n_episodes}: at least 1")
+        if self.batch_size < 0:
+            raise ConfigError(f"--eval.batch_size={self.batch_size}: 0 (auto) or more")
 
 
 @dataclass
@@ -275,6 +328,27 @@ class EMAConfig:
     max_decay: float = 0.9999  # the schedule's upper bound
     use_for_eval: bool = True  # evaluate the EMA weights (held-out loss: the live ones)
 
+    def validate(self) -> None:
+        """LeRobot main's checks (its EMAConfig.__post_init__), as one-line errors."""
+        if not 0.0 <= self.min_decay <= self.max_decay <= 1.0:
+            raise ConfigError(
+                f"--ema.min_decay={self.min_decay} --ema.max_decay={self.max_decay}: need "
+                "0 <= min_decay <= max_decay <= 1"
+            )
+        checks.positive("ema.inv_gamma", self.inv_gamma)
+        checks.positive("ema.power", self.power)
+        checks.non_negative("ema.update_after_step", self.update_after_step)
+        if self.decay is None:
+            return
+        if not 0.0 <= self.decay <= 1.0:
+            raise ConfigError(f"--ema.decay={self.decay}: must be in [0, 1]")
+        defaults = EMAConfig()
+        if (self.min_decay, self.max_decay) != (defaults.min_decay, defaults.max_decay):
+            raise ConfigError(
+                f"--ema.decay={self.decay} (a constant decay) and --ema.min_decay / "
+                "--ema.max_decay (the schedule's bounds) exclude each other: set one or the other"
+            )
+
 
 @dataclass
 class TrainConfig:
@@ -329,7 +403,7 @@ class TrainConfig:
     rename_map: dict[str, str] = field(default_factory=dict)
     checkpoint_path: str | None = None  # LeRobot's; set by LeRobot's own resume, not read here
     # safetensors (one file, gathered), dcp (shards) or safetensors_dcp (both); LeRobot's docs
-    checkpoint_format: str = "safetensors"
+    checkpoint_format: CheckpointFormat = CheckpointFormat.SAFETENSORS
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)  # LeRobot's docs
     accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)  # LeRobot's docs
     trackio: TrackioConfig = field(default_factory=TrackioConfig, metadata=OMIT_AT_DEFAULT)
@@ -339,6 +413,140 @@ class TrainConfig:
     checkpoint_keep_last: int = field(default=0, metadata=OMIT_AT_DEFAULT)
     # EMA of the weights (LeRobot main's --ema.*, after 0.6.1): written only when changed.
     ema: EMAConfig = field(default_factory=EMAConfig, metadata=OMIT_AT_DEFAULT)
+
+    def validate(self) -> None:
+        """Each section's own checks, then the rules between sections (this is the one place
+        they live). Only the config is read: what needs the installed code, the Hub or the
+        machine is checked by lerobot_pipe/training/config_checks.py."""
+        if self.policy is None:
+            raise ConfigError(
+                "no policy: pass --policy.type=act (or --policy.path=<pretrained folder or repo id>)"
+            )
+        self.dataset.validate()
+        checks.positive("steps", self.steps)
+        checks.positive("batch_size", self.batch_size)
+        checks.positive("log_freq", self.log_freq)
+        checks.non_negative("save_freq", self.save_freq, "0 saves only the final step")
+        checks.non_negative(
+            "checkpoint_keep_last", self.checkpoint_keep_last, "0 keeps every checkpoint"
+        )
+        checks.non_negative("num_workers", self.num_workers)
+        checks.non_negative("seed", self.seed)
+        self.accelerator.validate()
+        _refuse_unbuilt(self)
+        _check_env_eval(self)
+        _check_accumulation(self)
+        _check_fine_tuning(self)
+        self.ema.validate()
+        _check_heldout(self)
+        if self.job_name is not None and ("/" in self.job_name or self.job_name.startswith(".")):
+            raise ConfigError(
+                f"--job_name={self.job_name!r}: must be a plain name (no '/', not starting with '.')"
+            )
+
+
+def _check_accumulation(cfg: TrainConfig) -> None:
+    ga = cfg.accelerator.gradient_accumulation.steps
+    if cfg.save_freq % ga:
+        raise ConfigError(
+            f"--save_freq={cfg.save_freq} must be a multiple of "
+            f"--accelerator.gradient_accumulation.steps={ga} so checkpoints fall on optimizer updates"
+        )
+    if cfg.steps % ga:
+        raise ConfigError(
+            f"--steps={cfg.steps} must be a multiple of --accelerator.gradient_accumulation.steps={ga} "
+            "(--steps counts micro-batches; the last one must end an optimizer update)"
+        )
+
+
+def _check_fine_tuning(cfg: TrainConfig) -> None:
+    """--peft.* and --rename_map adapt a pretrained policy: they need --policy.path."""
+    if cfg.peft is not None:
+        cfg.peft.validate()
+        if not cfg.policy.pretrained_path:
+            raise ConfigError(
+                "--peft.* fine-tunes a pretrained policy: pass --policy.path=<base policy>"
+            )
+        if cfg.policy.use_peft and not cfg.resume:
+            raise ConfigError(
+                f"--policy.path={cfg.policy.pretrained_path} holds LoRA adapters already: continue "
+                "that run with --resume=true, or drop --peft.* to fine-tune the merged policy"
+            )
+    if cfg.rename_map and not cfg.policy.pretrained_path:
+        raise ConfigError(
+            "--rename_map renames a dataset's keys onto those a pretrained policy expects: it "
+            "needs --policy.path (a fresh policy takes its feature names from the dataset)"
+        )
+
+
+def _check_heldout(cfg: TrainConfig) -> None:
+    """LeRobot 0.6.1's checks of the held-out loss's flags (its TrainPipelineConfig
+    ``__post_init__``), plus negative values refused as typos."""
+    checks.non_negative("eval_steps", cfg.eval_steps, "0 never evaluates")
+    checks.non_negative(
+        "max_eval_samples", cfg.max_eval_samples, "0 evaluates every held-out frame"
+    )
+    if cfg.eval_steps > 0 and cfg.dataset.eval_split == 0.0:
+        raise ConfigError(
+            f"--eval_steps={cfg.eval_steps} evaluates on held-out episodes: it needs "
+            "--dataset.eval_split > 0 (e.g. 0.1 holds out the last tenth of each task's episodes)"
+        )
+
+
+def _check_env_eval(cfg: TrainConfig) -> None:
+    """``--env_eval_freq`` with ``--env.*`` (evaluation/in_training.py). A batch larger than the
+    episodes is cut to them (LeRobot 0.6.1's EvalConfig rule); an environment that would never be
+    rolled out is refused as a mistake."""
+    checks.non_negative("env_eval_freq", cfg.env_eval_freq, "0 never evaluates")
+    if cfg.env is None:
+        return
+    if cfg.env_eval_freq == 0:
+        raise ConfigError(
+            f"--env.type={cfg.env.type} is rolled out every --env_eval_freq steps, and "
+            "--env_eval_freq=0 never does: pass --env_eval_freq=N, or leave --env.* out"
+        )
+    cfg.eval.validate()
+    if cfg.env_eval_freq > cfg.steps:
+        log.warning(
+            "--env_eval_freq=%d is more than --steps=%d: --env.type=%s is never rolled out",
+            cfg.env_eval_freq,
+            cfg.steps,
+            cfg.env.type,
+        )
+
+
+def _refuse_unbuilt(cfg: TrainConfig) -> None:
+    """LeRobot fields whose behaviour lerobot_pipe does not build: their defaults are accepted
+    (and kept in train_config.json); a value asking for the missing behaviour is refused."""
+    unbuilt = [
+        (
+            "eval.recording",
+            cfg.env is not None and cfg.eval.recording,
+            "recording the rollouts as a dataset is not built",
+        ),
+        ("reward_model", cfg.reward_model is not None, "reward-model training is not built"),
+        ("sample_weighting", cfg.sample_weighting is not None, "sample weighting is not built"),
+        (
+            "job.target",
+            cfg.job.target not in (None, "local"),
+            "HF Jobs submission is not built; "
+            "run the pipeline under SLURM (workflow/profiles/slurm) instead",
+        ),
+        (
+            "dataset.repo_type",
+            cfg.dataset.repo_type != "dataset",
+            "only dataset repositories (repo_type=dataset) are read",
+        ),
+        (
+            "save_checkpoint_to_hub",
+            cfg.save_checkpoint_to_hub,
+            "push checkpoints with the "
+            "pipeline's publish stage (publish.steps: all) or lerobot-convert-dcp --push_to_hub",
+        ),
+    ]
+    for flag, asked, why in unbuilt:
+        if asked:
+            raise ConfigError(f"--{flag}: {why}")
 
 
 # Top-level keys of train_config.json that LeRobot 0.6.1 does not know (its docs describe them).

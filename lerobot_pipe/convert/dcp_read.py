@@ -20,7 +20,7 @@ from lerobot_pipe import constants as C
 from lerobot_pipe.checkpoint.layout import CheckpointError, is_complete, read_training_step
 from lerobot_pipe.checkpoint.manifest import verify_files
 from lerobot_pipe.convert.errors import ConversionError, innermost, one_line
-from lerobot_pipe.policies.locate import checkpoint_step_dir
+from lerobot_pipe.utils.locate import checkpoint_step_dir
 
 logger = logging.getLogger(__name__)
 

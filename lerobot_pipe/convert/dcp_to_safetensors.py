@@ -82,12 +82,12 @@ from lerobot_pipe.convert.dcp_read import (
 from lerobot_pipe.convert.errors import ConversionError, one_line
 from lerobot_pipe.convert.verify import verify_against_dcp
 from lerobot_pipe.fsutil import TMP_MARKER, atomic_path, fsync_folder, fsync_path, writer_pid
-from lerobot_pipe.policies.locate import (
+from lerobot_pipe.utils.faults import fault_point
+from lerobot_pipe.utils.locate import (
     ema_policy_dir,
     holds_policy_files,
     pretrained_dir,
 )
-from lerobot_pipe.utils.faults import fault_point
 from lerobot_pipe.utils.repo_id import looks_like_repo_id
 
 logger = logging.getLogger(__name__)

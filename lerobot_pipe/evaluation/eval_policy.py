@@ -90,7 +90,7 @@ def prepare(options: EvalPipelineOptions):
         delivered_features,
         make_env,
     )
-    from lerobot_pipe.policies.locate import local_policy_folder
+    from lerobot_pipe.utils.locate import local_policy_folder
 
     if options.env is None:
         raise BadInput(

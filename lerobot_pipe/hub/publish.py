@@ -54,13 +54,13 @@ from lerobot_pipe.hub.upload_files import (
     check_no_token_in_files,
     collect_publish_files,
 )
-from lerobot_pipe.policies.locate import (
+from lerobot_pipe.utils.hub_http import known_secrets
+from lerobot_pipe.utils.locate import (
     checkpoint_step_dir,
     ema_policy_dir,
     holds_policy_files,
     pretrained_dir,
 )
-from lerobot_pipe.utils.hub_http import known_secrets
 from lerobot_pipe.utils.repo_id import repo_id_problem
 
 logger = logging.getLogger(__name__)

@@ -348,6 +348,42 @@ def _tail(path: Path, offset: int) -> list[str]:
         return f.read().decode(errors="replace").splitlines()[-_TAIL_LINES:]
 
 
+def _check_unlocked(output_dir: Path, log_path: Path) -> None:
+    """RunLockError, also written to the log, when a trainer holds ``output_dir``."""
+    try:
+        check_run_lock(output_dir)
+    except RunLockError as e:
+        # Appended: the holder may be writing to this very log.
+        with open(log_path, "a") as f:
+            f.write(f"lerobot-pipe launch-train: error: {e}\n")
+        raise
+
+
+def _nothing_to_train(supervisor: Supervisor, point, steps: int, output_dir: Path) -> bool:
+    """Says where training starts; True when the newest checkpoint already reaches ``steps``."""
+    if point is None:
+        supervisor.say(f"no complete checkpoint in {output_dir}: training starts fresh")
+        return False
+    supervisor.say(f"resuming from {_shown(point.step_dir)} (step {point.step})")
+    if point.step < steps:
+        return False
+    supervisor.say(
+        f"checkpoint step {point.step} already reaches --steps={steps} "
+        "(train.steps): nothing to train, torchrun not started"
+    )
+    return True
+
+
+def _newest_checkpoint(output_dir: Path) -> Path:
+    complete = list_complete_checkpoints(output_dir)
+    if not complete:
+        raise CheckpointError(
+            f"training finished but {checkpoints_dir(output_dir)} holds no complete "
+            "checkpoint (--save_checkpoint=false?)"
+        )
+    return complete[-1]
+
+
 def launch_train(
     train_args: list[str],
     *,
@@ -361,7 +397,7 @@ def launch_train(
     terminal: Terminal | None = None,
 ) -> int:
     """Train as the pipeline's train job does (see the module docstring); the exit status."""
-    from lerobot_pipe.training.preflight import parse_train_config
+    from lerobot_pipe.configs.loading import parse_train_config
 
     terminal = terminal or Terminal(sys.stderr)
     cfg, _ = parse_train_config(train_args)
@@ -369,13 +405,7 @@ def launch_train(
         raise ConfigError("launch-train needs --output_dir")
     output_dir = Path(cfg.output_dir)
     link_to_history(log_path)
-    try:
-        check_run_lock(output_dir)
-    except RunLockError as e:
-        # Appended: the holder may be writing to this very log.
-        with open(log_path, "a") as f:
-            f.write(f"lerobot-pipe launch-train: error: {e}\n")
-        raise
+    _check_unlocked(output_dir, log_path)
     point = resume.locate(output_dir)
     # Appended: a resumed run's log follows the earlier attempts' (each starts with a header).
     with open(log_path, "a") as log_file:
@@ -385,21 +415,12 @@ def launch_train(
         )
         log_file.flush()
         attempt_start = log_file.tell()
-        follower = EventFollower(events_path(output_dir))
-        supervisor = Supervisor(log_file, follower, terminal)
+        supervisor = Supervisor(log_file, EventFollower(events_path(output_dir)), terminal)
         try:
-            if point is not None:
-                supervisor.say(f"resuming from {_shown(point.step_dir)} (step {point.step})")
-                if point.step >= cfg.steps:
-                    supervisor.say(
-                        f"checkpoint step {point.step} already reaches --steps={cfg.steps} "
-                        "(train.steps): nothing to train, torchrun not started"
-                    )
-                    if final_checkpoint is not None:
-                        write_final_checkpoint(point.step_dir, final_checkpoint)
-                    return 0
-            else:
-                supervisor.say(f"no complete checkpoint in {output_dir}: training starts fresh")
+            if _nothing_to_train(supervisor, point, cfg.steps, output_dir):
+                if final_checkpoint is not None:
+                    write_final_checkpoint(point.step_dir, final_checkpoint)
+                return 0
             resume_flag = ["--resume=true"] if point is not None else []
             command, how = launch_command(
                 [*resume_flag, *train_args],
@@ -412,19 +433,13 @@ def launch_train(
             supervisor.say(f"{how}; the whole log: {log_path}")
             returncode = supervisor.run(command, env)
             if 0 < returncode < 128 or returncode < 0:
-                tail = _tail(log_path, attempt_start)
+                tail = _tail(log_path, attempt_start)  # before the next line joins the log
                 supervisor.say(f"training failed (exit status {returncode}); the log ends:")
                 for line in tail:
                     terminal.line(f"  {line}")
             if returncode != 0:
                 return returncode
-            complete = list_complete_checkpoints(output_dir)
-            if not complete:
-                raise CheckpointError(
-                    f"training finished but {checkpoints_dir(output_dir)} holds no complete "
-                    "checkpoint (--save_checkpoint=false?)"
-                )
-            latest = complete[-1]
+            latest = _newest_checkpoint(output_dir)
             if final_checkpoint is not None:
                 write_final_checkpoint(latest, final_checkpoint)
             supervisor.say(f"finished; the newest checkpoint is {latest}")

@@ -29,7 +29,6 @@ from typing import Any
 
 from lerobot_pipe.configs.policies import PreTrainedConfig
 from lerobot_pipe.constants import POLICY_POSTPROCESSOR_NAME, POLICY_PREPROCESSOR_NAME
-from lerobot_pipe.policies.locate import local_policy_folder
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy, dataset_to_policy_features
 from lerobot_pipe.processors.normalize import NormalizerProcessorStep, UnnormalizerProcessorStep
 from lerobot_pipe.processors.pipeline import PolicyProcessorPipeline, ProcessorStep
@@ -38,6 +37,7 @@ from lerobot_pipe.processors.steps import (
     DeviceProcessorStep,
     RenameObservationsProcessorStep,
 )
+from lerobot_pipe.utils.locate import local_policy_folder
 
 __all__ = [
     "DefaultSteps",

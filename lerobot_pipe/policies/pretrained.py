@@ -155,7 +155,7 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
         """Build the policy from ``path`` — a folder (or the checkpoint step folder around it) or
         a Hub repo id at ``revision`` — from its config.json unless ``config`` is given, and load
         its weights from ``model.safetensors``. Returned in eval mode, on ``map_location``."""
-        from lerobot_pipe.policies.locate import local_policy_folder
+        from lerobot_pipe.utils.locate import local_policy_folder
 
         path = local_policy_folder(str(path), revision=revision)
         model_file = path / MODEL_SAFETENSORS

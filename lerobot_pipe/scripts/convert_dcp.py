@@ -56,7 +56,7 @@ class ConvertOptions:
 def _converted_ema_policy(options: ConvertOptions) -> Path | None:
     """The converted EMA policy folder of this conversion, when the checkpoint has one."""
     from lerobot_pipe.convert.dcp_to_safetensors import ema_output_folder
-    from lerobot_pipe.policies.locate import ema_policy_dir, pretrained_dir
+    from lerobot_pipe.utils.locate import ema_policy_dir, pretrained_dir
 
     source = ema_policy_dir(pretrained_dir(options.checkpoint_dir))
     if source is None:

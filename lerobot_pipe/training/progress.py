@@ -12,11 +12,13 @@ train.log. Nothing reads the log's text. Torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -25,6 +27,8 @@ from lerobot_pipe import constants as C
 
 if TYPE_CHECKING:
     import torch
+
+    from lerobot_pipe.distributed.runtime import DistEnv
 
 PROGRESS_LOGGER = "lerobot_pipe.progress"
 PROGRESS_INTERVAL_S = 5.0
@@ -99,6 +103,25 @@ class EventChannel(logging.Handler):
             os.close(self._fd)
             self._fd = -1
         super().close()
+
+
+@contextlib.contextmanager
+def event_channel(output_dir: Path, env: DistEnv) -> Iterator[EventChannel]:
+    """Every rank's warnings and errors, and the main rank's progress, as events in
+    progress.jsonl (what the pipeline's train job shows), for the whole run."""
+    from lerobot_pipe.distributed.runtime import barrier  # torch: only a run opens the channel
+
+    if env.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    barrier()  # the folder exists before any rank opens the file
+    channel = EventChannel(output_dir, env.rank)
+    root = logging.getLogger()
+    root.addHandler(channel)
+    try:
+        yield channel
+    finally:
+        root.removeHandler(channel)
+        channel.close()
 
 
 class EventFollower:

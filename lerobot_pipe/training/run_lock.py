@@ -16,6 +16,7 @@ where; :func:`mount_warning` names the mounts where it does not.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -25,10 +26,15 @@ import shlex
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lerobot_pipe import constants as C
+
+if TYPE_CHECKING:
+    from lerobot_pipe.distributed.runtime import DistEnv
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +189,30 @@ def acquire_run_lock(output_dir: str | Path) -> RunLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(_holder_record(output_dir)) + "\n").encode(), 0)
     return RunLock(path, fd)
+
+
+@contextlib.contextmanager
+def hold_run_lock(output_dir: Path, env: DistEnv) -> Iterator[None]:
+    """The main process takes the output folder's run lock before any rank writes into it and
+    holds it until training ends; the other ranks wait for the outcome (a collective), so none
+    writes unless it is held, and all stop with the holder's name when it is not."""
+    from lerobot_pipe.distributed.runtime import broadcast_from_main  # torch: only a run holds it
+
+    lock: RunLock | None = None
+    error: str | None = None
+    if env.is_main:
+        try:
+            lock = acquire_run_lock(output_dir)
+        except RunLockError as e:
+            error = str(e)
+    error = broadcast_from_main(error)
+    if error is not None:
+        raise RunLockError(error)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def check_run_lock(output_dir: str | Path) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.configs.checkpoint_format import CheckpointFormat
 from lerobot_pipe.configs.parser import to_dict
 
 if TYPE_CHECKING:
@@ -221,10 +222,10 @@ class WandBLogger:
                 step_dir,
                 " or later checkpoints (--checkpoint_format=safetensors_dcp writes both; "
                 "--wandb.disable_artifact=true silences this)"
-                if self.cfg.checkpoint_format == "dcp"
+                if self.cfg.checkpoint_format is CheckpointFormat.DCP
                 else "",
             )
-            self._artifacts = self.cfg.checkpoint_format != "dcp"
+            self._artifacts = self.cfg.checkpoint_format is not CheckpointFormat.DCP
             return
         artifact = self._wandb.Artifact(artifact_name(self.cfg, step_dir), type="model")
         for path in files:

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from lerobot_pipe.configs.loading import parse_train_config
 from lerobot_pipe.configs.optim import AdamConfig
 from lerobot_pipe.configs.parser import ConfigError, from_dict, split_flags, to_dict
 from lerobot_pipe.configs.train import TrainConfig
-from lerobot_pipe.training.preflight import parse_train_config, validate_config
+from lerobot_pipe.training.config_checks import validate_config
 
 
 def test_split_flags_forms():
@@ -192,7 +193,7 @@ def test_resolving_a_config_keeps_the_fields_its_file_held_beyond_ours():
     resolved config is a new value, and it writes them back."""
     from lerobot_pipe.configs.parser import from_dict, to_dict
     from lerobot_pipe.configs.train import TrainConfig
-    from lerobot_pipe.training.preflight import resolve_config
+    from lerobot_pipe.training.config_checks import resolve_config
 
     cfg = from_dict(
         TrainConfig,
@@ -236,3 +237,27 @@ def test_dotted_flags_into_json_fields_nest_or_keep_feature_names():
     )
     assert cfg.reward_model == {"type": "classifier", "head": {"hidden_dim": 400}}
     assert cfg.rename_map == {"observation.images.cam": "observation.images.top"}
+
+
+def test_checkpoint_format_is_an_enum_written_as_the_same_string():
+    """train_config.json holds the string LeRobot's docs name; the config holds the member."""
+    from lerobot_pipe.configs.checkpoint_format import CheckpointFormat
+
+    cfg, _ = parse_train_config(["--policy.type=act", "--checkpoint_format=safetensors_dcp"])
+    assert cfg.checkpoint_format is CheckpointFormat.SAFETENSORS_DCP
+    written = json.loads(json.dumps(to_dict(cfg)))
+    assert written["checkpoint_format"] == "safetensors_dcp"
+    assert from_dict(TrainConfig, written).checkpoint_format is CheckpointFormat.SAFETENSORS_DCP
+    with pytest.raises(ConfigError, match="choose one of safetensors, dcp, safetensors_dcp"):
+        parse_train_config(["--checkpoint_format=zip"])
+
+
+def test_each_section_validates_itself():
+    from lerobot_pipe.configs.train import DatasetConfig, EMAConfig, PeftConfig
+
+    with pytest.raises(ConfigError, match="--dataset.eval_split=1.0: must be in"):
+        DatasetConfig(root="x", eval_split=1.0).validate()
+    with pytest.raises(ConfigError, match="--ema.power=0: must be > 0"):
+        EMAConfig(power=0).validate()
+    with pytest.raises(ConfigError, match=r"--peft.lora_dropout=1.0: must be in \[0, 1\)"):
+        PeftConfig(lora_dropout=1.0).validate()

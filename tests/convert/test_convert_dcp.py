@@ -22,7 +22,7 @@ from lerobot_pipe.convert import (
     verify_against_dcp,
 )
 from lerobot_pipe.convert import dcp_to_safetensors as mod
-from lerobot_pipe.policies.locate import pretrained_dir
+from lerobot_pipe.utils.locate import pretrained_dir
 
 pytestmark = pytest.mark.torch_range
 

@@ -136,7 +136,7 @@ def test_unsupported_configurations_are_refused(tfs: dict, match: str) -> None:
 
 def test_the_train_config_section_from_flags_works_the_same() -> None:
     """--dataset.image_transforms.* flags give the section the dataset applies."""
-    from lerobot_pipe.training.preflight import parse_train_config
+    from lerobot_pipe.configs.loading import parse_train_config
 
     cfg, _ = parse_train_config(
         ["--dataset.image_transforms.enable=true", "--dataset.image_transforms.random_order=true"]

@@ -20,17 +20,14 @@ from safetensors.torch import load_file
 from tiny import DETERMINISTIC, full_state, losses, tiny_act_flags
 
 from lerobot_pipe import constants as C
+from lerobot_pipe.configs.loading import parse_train_config
 from lerobot_pipe.convert import load_dcp_state_dict
 from lerobot_pipe.distributed.parallel_dims import resolve_parallelism
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
-from lerobot_pipe.training.preflight import (
-    TrainingPlan,
-    parse_train_config,
-    plan_on_dataset,
-    resolve_config,
-    resume_point,
-)
-from lerobot_pipe.training.train import prepare_session, run_loop
+from lerobot_pipe.training.config_checks import resolve_config
+from lerobot_pipe.training.loop import run_loop
+from lerobot_pipe.training.preflight import TrainingPlan, plan_on_dataset, resume_point
+from lerobot_pipe.training.session import prepare_session
 
 # Its runs share one fixture, too long for the fast tier's 5 minutes.
 pytestmark = pytest.mark.slow

@@ -10,12 +10,13 @@ import pytest
 import torch
 from torch import nn
 
+from lerobot_pipe.configs.loading import parse_train_config
 from lerobot_pipe.configs.parser import ConfigError, to_dict
 from lerobot_pipe.distributed.activation_checkpointing import (
     apply_activation_checkpointing,
     checkpointed_units,
 )
-from lerobot_pipe.training.preflight import parse_train_config, validate_config
+from lerobot_pipe.training.config_checks import validate_config
 
 
 def test_mode_is_written_only_when_set_and_checked_before_launch():

@@ -30,8 +30,10 @@ from lerobot_pipe.datasets import GlobalBatchSampler
 from lerobot_pipe.distributed.batch_norm import batch_norms
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.policies.diffusion import DiffusionPolicy
-from lerobot_pipe.training.preflight import make_plan, sample_indices
-from lerobot_pipe.training.train import prepare_session, run_loop
+from lerobot_pipe.training.data import sample_indices
+from lerobot_pipe.training.loop import run_loop
+from lerobot_pipe.training.preflight import make_plan
+from lerobot_pipe.training.session import prepare_session
 
 # Twelve runs behind one fixture: too long for the fast tier's 5 minutes.
 pytestmark = pytest.mark.slow

@@ -95,7 +95,8 @@ def _meta_and_real_probe(plan) -> tuple[dict, dict, object]:
     """The bypassed modules the probe finds on the meta-built policy and on the eager one."""
     from lerobot_pipe.distributed.meta_init import MetaBuild
     from lerobot_pipe.policies.factory import make_policy
-    from lerobot_pipe.training.train import _probe_forwards, make_processors
+    from lerobot_pipe.training.data import make_processors
+    from lerobot_pipe.training.unit_probes import probe_forwards as _probe_forwards
 
     build = MetaBuild()
     with build.recording():

@@ -14,8 +14,9 @@ from tiny import losses, run_train, tiny_act_flags
 
 from lerobot_pipe.distributed.runtime import destroy, init_distributed
 from lerobot_pipe.policies.peft import load_pretrained_policy
+from lerobot_pipe.training.loop import run_loop
 from lerobot_pipe.training.preflight import make_plan
-from lerobot_pipe.training.train import prepare_session, run_loop
+from lerobot_pipe.training.session import prepare_session
 
 pytestmark = pytest.mark.torch_range
 

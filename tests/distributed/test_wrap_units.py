@@ -82,8 +82,9 @@ def diffusion_parts(diffusion_camera_root, tmp_path_factory):
     """The tiny Diffusion Policy on the camera dataset, built as the trainer builds it for a
     2-rank FSDP2 run, with the modules the probe finds bypassed."""
     from lerobot_pipe.policies.factory import make_policy
+    from lerobot_pipe.training.data import make_processors
     from lerobot_pipe.training.preflight import make_plan
-    from lerobot_pipe.training.train import _probe_forwards, make_processors
+    from lerobot_pipe.training.unit_probes import probe_forwards as _probe_forwards
 
     out = tmp_path_factory.mktemp("probe") / "out"
     flags = tiny_diffusion_flags(**{"dataset.root": diffusion_camera_root, "steps": 2})
@@ -134,8 +135,9 @@ def test_a_unit_chosen_by_class_whose_forward_is_bypassed_is_refused_by_name(dif
 
 def test_acts_declared_units_all_run(dataset_root, tmp_path):
     from lerobot_pipe.policies.factory import make_policy
+    from lerobot_pipe.training.data import make_processors
     from lerobot_pipe.training.preflight import make_plan
-    from lerobot_pipe.training.train import make_processors, plan_units_on_the_real_model
+    from lerobot_pipe.training.unit_probes import plan_units_on_the_real_model
 
     flags = tiny_act_flags(**{"dataset.root": dataset_root, "steps": 2})
     plan = make_plan([*flags, "--parallelism.dp_shard=2", f"--output_dir={tmp_path}"], 2, {})

@@ -113,8 +113,8 @@ def test_same_flags_same_env_and_eval_blocks_as_lerobots(runs):
 
 
 def test_we_read_lerobots_env_back(runs):
+    from lerobot_pipe.configs.loading import parse_train_config
     from lerobot_pipe.envs.configs import PushtEnv
-    from lerobot_pipe.training.preflight import parse_train_config
 
     cfg, _ = parse_train_config([f"--config_path={_train_config(runs['theirs'])}"])
     assert isinstance(cfg.env, PushtEnv) and cfg.env.episode_length == 5

@@ -19,7 +19,7 @@ def _our_restore(train_config, output_dir, dataset_root) -> tuple[dict, list[dic
     hyper-parameters, the first numbers each RNG draws afterwards)."""
     from lerobot_pipe.distributed.runtime import destroy, init_distributed
     from lerobot_pipe.training.preflight import make_plan
-    from lerobot_pipe.training.train import prepare_session
+    from lerobot_pipe.training.session import prepare_session
 
     plan = make_plan(
         [

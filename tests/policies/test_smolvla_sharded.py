@@ -509,7 +509,7 @@ def gradients_of_one_batch(argv: list[str]) -> dict:
 
     from lerobot_pipe.distributed.runtime import destroy, init_distributed
     from lerobot_pipe.training.preflight import make_plan
-    from lerobot_pipe.training.train import prepare_session
+    from lerobot_pipe.training.session import prepare_session
 
     plan = make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
     env = init_distributed()

@@ -203,7 +203,9 @@ def test_eval_split_holds_out_the_same_episodes_and_the_stream_never_draws_them(
 
 
 def test_streaming_without_a_repo_id_is_refused_before_launch(tmp_path):
-    from lerobot_pipe.training.preflight import ConfigError, parse_train_config, validate_config
+    from lerobot_pipe.configs.loading import parse_train_config
+    from lerobot_pipe.configs.parser import ConfigError
+    from lerobot_pipe.training.config_checks import validate_config
 
     cfg, _ = parse_train_config(
         ["--policy.type=act", f"--dataset.root={tmp_path}", "--dataset.streaming=true"]

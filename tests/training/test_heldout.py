@@ -90,7 +90,7 @@ def _plan(root, out, extra, policy="act"):
 
 @pytest.mark.parametrize("policy", ["act", "diffusion"])
 def test_the_training_sampler_never_draws_a_held_out_frame(multitask_root, tmp_path, policy):
-    from lerobot_pipe.training.preflight import sample_indices
+    from lerobot_pipe.training.data import sample_indices
 
     plan = _plan(multitask_root, tmp_path / "out", {"dataset.eval_split": SPLIT}, policy)
     drawn = sample_indices(plan.cfg.policy, plan.dataset, plan.heldout)
@@ -234,7 +234,7 @@ def _per_sample_mean(pretrained: Path, root: Path) -> float:
     policy's own mean loss is that sample's loss), the mean over the frames."""
     from lerobot_pipe.policies.factory import get_policy_class, make_pre_post_processors
     from lerobot_pipe.processors import NormalizerProcessorStep
-    from lerobot_pipe.training.preflight import _delta_timestamps
+    from lerobot_pipe.training.data import delta_timestamps as _delta_timestamps
 
     policy = get_policy_class("act").from_pretrained(pretrained)
     pre, _ = make_pre_post_processors(policy.config, pretrained_path=pretrained)
@@ -278,7 +278,7 @@ def test_the_held_out_loss_is_the_live_weights_not_the_ema(multitask_root, tmp_p
 
 def _diffusion_session(root, out):
     from lerobot_pipe.policies.factory import make_policy
-    from lerobot_pipe.training.train import make_processors
+    from lerobot_pipe.training.data import make_processors
     from lerobot_pipe.utils.random import seed_everything
 
     plan = _plan(root, out, {"dataset.eval_split": SPLIT}, "diffusion")
@@ -346,8 +346,8 @@ def test_camera_frames_are_evaluated_without_augmentation(diffusion_camera_root,
     held-out dataset has no transforms): the figure equals the per-sample losses on a dataset
     opened without them."""
     from lerobot_pipe.policies.factory import make_policy
-    from lerobot_pipe.training.preflight import _delta_timestamps
-    from lerobot_pipe.training.train import make_processors
+    from lerobot_pipe.training.data import delta_timestamps as _delta_timestamps
+    from lerobot_pipe.training.data import make_processors
     from lerobot_pipe.utils.random import seed_everything
 
     extra = {"dataset.eval_split": 0.2, "dataset.image_transforms.enable": "true"}
@@ -389,7 +389,7 @@ def test_smolvla_held_out_loss_is_its_per_sample_mean(tmp_path):
     from lerobot_pipe.datasets import write_synthetic_dataset
     from lerobot_pipe.policies.factory import make_pre_post_processors
     from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET, SmolVLAPolicy
-    from lerobot_pipe.training.preflight import _delta_timestamps
+    from lerobot_pipe.training.data import delta_timestamps as _delta_timestamps
 
     vlm = build_tiny_smolvlm(tmp_path / "vlm")
     root = write_synthetic_dataset(

@@ -149,8 +149,9 @@ def test_a_resumed_run_continues_the_same_run_id(wandb_runs):
 
 def test_eval_records_are_logged_under_eval(wandb_env, dataset_root, tmp_path):
     """The logger's eval records (the trainer's held-out loss: training/test_heldout.py)."""
+    from lerobot_pipe.configs.loading import parse_train_config
     from lerobot_pipe.configs.parser import replace
-    from lerobot_pipe.training.preflight import parse_train_config, validate_config
+    from lerobot_pipe.training.config_checks import validate_config
 
     argv = [*tiny_act_flags(**{"dataset.root": dataset_root}), "--wandb.enable=true"]
     cfg, _ = parse_train_config([*argv, "--wandb.mode=offline", "--wandb.add_tags=false"])
@@ -229,8 +230,9 @@ def test_the_rollouts_are_logged_under_eval(wandb_env, dataset_root, tmp_path):
 
 def test_a_resume_without_a_wandb_run_starts_one(wandb_env, dataset_root, tmp_path, caplog):
     """Resuming a run that did not log to W&B (its folder holds no W&B run): a new run, said."""
+    from lerobot_pipe.configs.loading import parse_train_config
     from lerobot_pipe.configs.parser import replace
-    from lerobot_pipe.training.preflight import parse_train_config, validate_config
+    from lerobot_pipe.training.config_checks import validate_config
 
     argv = [*tiny_act_flags(**{"dataset.root": dataset_root}), "--wandb.enable=true"]
     cfg, _ = parse_train_config([*argv, "--wandb.mode=offline"])
@@ -264,8 +266,9 @@ def test_async_checkpoints_are_logged_once_durable(wandb_env, dataset_root, tmp_
 
 
 def test_disable_artifact_uploads_no_checkpoint(wandb_env, dataset_root, tmp_path):
+    from lerobot_pipe.configs.loading import parse_train_config
     from lerobot_pipe.configs.parser import replace
-    from lerobot_pipe.training.preflight import parse_train_config, validate_config
+    from lerobot_pipe.training.config_checks import validate_config
 
     argv = [*tiny_act_flags(**{"dataset.root": dataset_root}), "--wandb.enable=true"]
     cfg, _ = parse_train_config([*argv, "--wandb.mode=offline", "--wandb.disable_artifact=true"])
@@ -284,8 +287,9 @@ def test_disable_artifact_uploads_no_checkpoint(wandb_env, dataset_root, tmp_pat
 
 def test_a_dcp_only_checkpoint_logs_no_artifact(wandb_env, dataset_root, tmp_path, caplog):
     """--checkpoint_format=dcp: the weights are DCP shards only; no artifact, said once."""
+    from lerobot_pipe.configs.loading import parse_train_config
     from lerobot_pipe.configs.parser import replace
-    from lerobot_pipe.training.preflight import parse_train_config, validate_config
+    from lerobot_pipe.training.config_checks import validate_config
 
     argv = [*tiny_act_flags(**{"dataset.root": dataset_root}), "--checkpoint_format=dcp"]
     cfg, _ = parse_train_config([*argv, "--wandb.enable=true", "--wandb.mode=offline"])

@@ -120,6 +120,13 @@ class DiffusionConfig(PreTrainedConfig):
             self.resize_shape = tuple(self.resize_shape)
         if self.crop_shape is not None:
             self.crop_shape = tuple(self.crop_shape)
+        self._validate_sizes_and_choices()
+        self._validate_images()
+        self._validate_unet()
+        self._validate_optimizer()
+
+    def _validate_sizes_and_choices(self) -> None:
+        """Positive sizes, and the backbone, prediction type and noise scheduler named."""
         for name in (
             "horizon",
             "n_action_steps",
@@ -144,6 +151,9 @@ class DiffusionConfig(PreTrainedConfig):
                 f"noise_scheduler_type must be one of {NOISE_SCHEDULERS}, "
                 f"got {self.noise_scheduler_type!r}"
             )
+
+    def _validate_images(self) -> None:
+        """The camera frames' resize and crop; with a resize, the crop follows from crop_ratio."""
         if self.resize_shape is not None and (
             len(self.resize_shape) != 2 or any(d <= 0 for d in self.resize_shape)
         ):
@@ -170,6 +180,9 @@ class DiffusionConfig(PreTrainedConfig):
                 f"crop_shape must be a pair of positive ints [height, width], "
                 f"got {list(self.crop_shape)}"
             )
+
+    def _validate_unet(self) -> None:
+        """The U-Net's stages against the horizon and the action window."""
         if not self.down_dims or any(d < 1 for d in self.down_dims):
             raise ValueError(f"down_dims must be positive ints, got {list(self.down_dims)}")
         factor = 2 ** len(self.down_dims)
@@ -198,6 +211,8 @@ class DiffusionConfig(PreTrainedConfig):
                 f"num_inference_steps ({self.num_inference_steps}) must lie in "
                 f"[1, num_train_timesteps={self.num_train_timesteps}] (or null for all of them)"
             )
+
+    def _validate_optimizer(self) -> None:
         if self.optimizer_lr <= 0:
             raise ValueError(f"optimizer_lr must be > 0, got {self.optimizer_lr}")
         if self.optimizer_weight_decay < 0:
