@@ -397,7 +397,8 @@ def launch_train(
     terminal: Terminal | None = None,
 ) -> int:
     """Train as the pipeline's train job does (see the module docstring); the exit status."""
-    from lerobot_pipe.configs.loading import parse_train_config
+    # preflight registers every --policy.type and --env.type before parsing
+    from lerobot_pipe.training.preflight import parse_train_config
 
     terminal = terminal or Terminal(sys.stderr)
     cfg, _ = parse_train_config(train_args)
