@@ -35,8 +35,9 @@ DOCS = tuple(
     for path in (REPO / "README.md", REPO / "config/README.md", *sorted(REPO.glob("docs/*.md")))
     if "```bash" in path.read_text()
 )
-# Besides the workflow files a clone has: what the documented commands read.
-DOC_FILES = ("README.md", "Makefile", "pyproject.toml", "constraints-cpu.txt", "bench")
+# Besides the workflow files a clone has: what the documented commands read (the benchmarks
+# import the test suite's helpers).
+DOC_FILES = ("README.md", "Makefile", "pyproject.toml", "constraints-cpu.txt", "bench", "tests")
 
 SKIP, VALIDATE, DRY_RUN, FLAGS, RUN_IT = "skip", "validate", "dry run", "flags", "run"
 # (pattern searched in the command, how it is checked, why)
