@@ -147,13 +147,13 @@ class CheckpointWriter:
         self.root = checkpoints_dir(output_dir)
         self.total_steps = total_steps
         # A run that is not sharded writes model.safetensors whatever the format says: every rank
-        # holds every tensor, and one file resumes on any topology. The format (kept in the
-        # run's config) applies to sharded runs.
+        # holds every tensor, and one file resumes on any topology and loads in LeRobot's tools.
+        # The format (kept in the run's config) decides the rest.
         self.write_safetensors = not sharded or checkpoint_format in (
             "safetensors",
             "safetensors_dcp",
         )
-        self.write_dcp = sharded and checkpoint_format in ("dcp", "safetensors_dcp")
+        self.write_dcp = checkpoint_format in ("dcp", "safetensors_dcp")
         self.sharded = sharded
         self.run_info = run_info
         self.keep_last = keep_last

@@ -11,7 +11,7 @@ from torch import nn
 
 from lerobot_pipe.configs.parser import ConfigError
 from lerobot_pipe.configs.train import FSDPConfig
-from lerobot_pipe.constants import MODEL_DCP_DIR, MODEL_SAFETENSORS, TRAIN_CONFIG_NAME
+from lerobot_pipe.constants import MODEL_SAFETENSORS, TRAIN_CONFIG_NAME
 from lerobot_pipe.distributed.parallelize import check_shared_parameters, select_wrap_units
 from lerobot_pipe.scripts.train import main as train_main
 
@@ -58,7 +58,7 @@ def test_sharded_resume_on_one_process_needs_dp_shard_1(fsdp_run, capsys):
     # One process writes model.safetensors; the run's --checkpoint_format=dcp stays in its config
     # and applies again once the run is sharded.
     pretrained = fsdp_run / "checkpoints/000004/pretrained_model"
-    assert (pretrained / MODEL_SAFETENSORS).is_file() and not (pretrained / MODEL_DCP_DIR).exists()
+    assert (pretrained / MODEL_SAFETENSORS).is_file()
     saved = json.loads((pretrained / TRAIN_CONFIG_NAME).read_text())
     assert saved["checkpoint_format"] == "dcp" and saved["parallelism"]["dp_shard"] == 1
 

@@ -44,8 +44,8 @@ def test_single_process_resume_is_bit_identical(dataset_root, tmp_path):
     assert all(full_l[s] == res_l[s] for s in range(7, 13))
 
 
-# FSDP2's DCP shards load into the whole model of one process (its checkpoints are then
-# model.safetensors, the run's --checkpoint_format=dcp kept for when it is sharded again).
+# FSDP2's DCP shards load into the whole model of one process (its checkpoints then hold
+# model.safetensors too, whatever the run's --checkpoint_format=dcp says).
 TWO_PROCESSES = {
     "ddp": ([], []),
     "fsdp2-dcp": (
