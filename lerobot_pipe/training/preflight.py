@@ -602,6 +602,10 @@ def make_plan(
     cfg, source_step = parse_train_config(argv)
     cfg = resolve_config(cfg)
     dims = _resolve_topology(cfg, world_size)
+    if cfg.peft is not None and cfg.checkpoint_format != "safetensors" and not dims.is_sharded:
+        raise ConfigError(
+            "--checkpoint_format=dcp needs a sharded run (--parallelism.dp_shard > 1) with PEFT"
+        )
     output_dir = Path(cfg.output_dir)
     if launched_rank(env) == 0:
         # A trainer still running on this folder is the first thing to know (the pipeline's
