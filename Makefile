@@ -1,5 +1,6 @@
-# A newcomer's commands (README "Getting started"): `make run` (the pipeline on the embedded default),
-# `make report` (its HTML report, written to results/<run>/report.html), `make test-fast` (the
+# A newcomer's commands (README "Getting started"): `make run` (the pipeline on the embedded default:
+# dataset, training, conversion and evaluation of every checkpoint, the best one), `make report`
+# (its HTML report, written to results/<run>/report.html), `make test-fast` (the
 # quick tier) and `make test` (the whole suite); `make unlock` after a snakemake was killed hard,
 # `make lint` before a commit, `make gpu-check` on a GPU machine. Each creates the virtual
 # environment on first use (torch's version is pinned in constraints-cpu.txt, its build comes
@@ -133,9 +134,10 @@ run: $(VENV)/.installed
 	echo "make run: Snakemake's lock is in .snakemake/locks. If no other snakemake runs in this" \
 	"folder (one was killed hard), run: make unlock && make run" >&2; fi; exit $$status; }
 
-# Snakemake's HTML report of the run, beside its results; it opens on the loss and throughput
-# figures and the checkpoint table (workflow/report/workflow.rst, shown as the landing page
-# because workflow/report/metadata.yaml is given).
+# Snakemake's HTML report of the run, beside its results; it opens on the loss, evaluation
+# (success and rewards per checkpoint, the best one starred) and throughput figures and the
+# checkpoint table (workflow/report/workflow.rst, shown as the landing page because
+# workflow/report/metadata.yaml is given).
 report: $(VENV)/.installed
 	$(VENV_ENV) $(VENV)/bin/snakemake --report results/$(RUN)/report.html \
 		--report-metadata workflow/report/metadata.yaml

@@ -56,8 +56,10 @@ def read_training_step(step_dir: Path) -> dict:
     return data
 
 
-def list_complete_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete step folders, oldest first (by the step recorded in training_step.json)."""
+def list_complete_checkpoints(output_dir: str | Path, unreadable: list | None = None) -> list[Path]:
+    """Complete step folders, oldest first (by the step recorded in training_step.json). One
+    whose training_step.json cannot be read is logged, or added to ``unreadable`` with its
+    error when given (the resume resolver says it in its own message)."""
     root = checkpoints_dir(output_dir)
     if not root.is_dir():
         return []
@@ -70,7 +72,10 @@ def list_complete_checkpoints(output_dir: str | Path) -> list[Path]:
         try:
             found.append((read_training_step(child)["step"], child))
         except CheckpointError as e:
-            log.warning("ignoring checkpoint %s: %s", child, e)
+            if unreadable is None:
+                log.warning("ignoring checkpoint %s: %s", child, e)
+            else:
+                unreadable.append((child, e))
     return [path for _, path in sorted(found)]
 
 

@@ -126,19 +126,48 @@ def _no_usable(output_dir: Path) -> CheckpointError:
     )
 
 
-def _usable(output_dir: Path, below_step: int | None = None) -> Iterator[ResumePoint]:
+def _usable(
+    output_dir: Path, below_step: int | None = None, skipped: list | None = None
+) -> Iterator[ResumePoint]:
     """Complete checkpoints that validate on sizes, newest first (only those before
-    ``below_step`` when given); each one skipped says why."""
-    for step_dir in reversed(list_complete_checkpoints(output_dir)):
+    ``below_step`` when given); each one passed over is added to ``skipped`` with its error."""
+    # Below a step (verify's fallback), unreadable folders were locate's to report already.
+    unreadable = skipped if below_step is None else []
+    for step_dir in reversed(list_complete_checkpoints(output_dir, unreadable)):
         try:
             info = validate_checkpoint(step_dir, hashes=False)
         except CheckpointError as e:
-            log.warning(
-                "skipping checkpoint %s: %s; falling back to an earlier one", step_dir.name, e
-            )
+            if skipped is not None:
+                skipped.append((step_dir, e))
             continue
         if below_step is None or info["step"] < below_step:
             yield ResumePoint(step_dir.resolve(), info)
+
+
+def _say_fallback(skipped: list[tuple[Path, CheckpointError]], point: ResumePoint | None) -> None:
+    """One warning for a fallback: which checkpoints cannot be resumed and why, which one the run
+    resumes from, and that saving a skipped step again rewrites its folder."""
+    if not skipped:
+        return
+    names = ", ".join(step_dir.name for step_dir, _ in skipped)
+    why = (
+        str(skipped[0][1])
+        if len(skipped) == 1
+        else "; ".join(f"{step_dir.name}: {e}" for step_dir, e in skipped)
+    )
+    if point is None:
+        log.warning("checkpoint %s cannot be resumed (%s), and no earlier one can", names, why)
+        return
+    steps = "that step" if len(skipped) == 1 else "those steps"
+    log.warning(
+        "checkpoint %s cannot be resumed (%s); resuming from %s instead: training rewrites %s "
+        "when it saves %s again",
+        names,
+        why,
+        point.step_dir.name,
+        names,
+        steps,
+    )
 
 
 def locate(
@@ -154,11 +183,15 @@ def locate(
         info = validate_checkpoint(explicit, hashes=False)
         point = ResumePoint(explicit.resolve(), info, explicit=True)
     else:
-        point = next(_usable(output_dir), None)
+        skipped: list[tuple[Path, CheckpointError]] = []
+        point = next(_usable(output_dir, skipped=skipped), None)
+        _say_fallback(skipped, point)
         if point is None:
             return None
         last = checkpoints_dir(output_dir) / C.LAST_CHECKPOINT_LINK
-        if last.is_symlink() and last.resolve() != point.step_dir:
+        # `last` on a checkpoint just passed over is what the warning above said already.
+        passed_over = {step_dir.resolve() for step_dir, _ in skipped}
+        if last.is_symlink() and last.resolve() not in {point.step_dir, *passed_over}:
             log.warning(
                 "%s points to %s, which is not the newest usable checkpoint; resuming from %s",
                 last,
@@ -184,23 +217,28 @@ def verify(
     policy_type: str | None = None,
 ) -> ResumePoint:
     """Step 2, collective: the checkpoint to load, every file's SHA-256 verified (each rank a
-    share). A damaged explicit one fails; an automatic resume falls back to older ones."""
+    share). A damaged explicit one fails; an automatic resume falls back to older ones, which
+    the main rank says once."""
+    import torch.distributed as dist
+
+    says = not dist.is_initialized() or dist.get_rank() == 0
+    skipped: list[tuple[Path, CheckpointError]] = []
     candidate: ResumePoint | None = point
-    older = _usable(Path(output_dir), below_step=point.step)
+    older = _usable(Path(output_dir), below_step=point.step, skipped=skipped)
     while candidate is not None:
         try:
             verify_split(candidate.step_dir, candidate.info, group)
         except CheckpointError as e:
             if candidate.explicit:
                 raise
-            log.warning(
-                "skipping checkpoint %s: %s; falling back to an earlier one",
-                candidate.step_dir.name,
-                e,
-            )
+            skipped.append((candidate.step_dir, e))
             candidate = next(older, None)
             if candidate is not None:
                 _check_policy_type(candidate.step_dir, policy_type)
             continue
+        if says:
+            _say_fallback(skipped, candidate)
         return candidate
+    if says:
+        _say_fallback(skipped, None)
     raise _no_usable(Path(output_dir))

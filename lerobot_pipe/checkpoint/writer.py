@@ -148,7 +148,10 @@ class CheckpointWriter:
         self.root = checkpoints_dir(output_dir)
         self.total_steps = total_steps
         checkpoint_format = CheckpointFormat(checkpoint_format)
-        self.write_safetensors = checkpoint_format.writes_safetensors
+        # A run that is not sharded writes model.safetensors whatever the format says: every rank
+        # holds every tensor, and one file resumes on any topology and loads in LeRobot's tools.
+        # The format (kept in the run's config) decides the rest.
+        self.write_safetensors = not sharded or checkpoint_format.writes_safetensors
         self.write_dcp = checkpoint_format.writes_dcp
         self.sharded = sharded
         self.run_info = run_info

@@ -70,7 +70,15 @@ def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
     from lerobot_pipe.training.preflight import make_plan
 
     world_size = options.nproc_per_node * options.nnodes
-    plan = make_plan(train_args, world_size, os.environ)
+    # A damaged checkpoint passed over is the train job's to explain (it resumes, and the
+    # pipeline runs it right after): validate says only where the run would resume, below.
+    resolver = logging.getLogger("lerobot_pipe.checkpoint.resume")
+    level = resolver.level
+    resolver.setLevel(logging.ERROR)
+    try:
+        plan = make_plan(train_args, world_size, os.environ)
+    finally:
+        resolver.setLevel(level)
     log.info(
         "config valid for %d process(es): %s; effective batch %d",
         world_size,

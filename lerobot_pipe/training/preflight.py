@@ -148,7 +148,7 @@ def make_plan(
         # A trainer still running on this folder is the first thing to know (the pipeline's
         # validate job says it too); train() takes the lock for real.
         check_run_lock(Path(cfg.output_dir))
-    point = resume_point(cfg, dims, source_step)
+    point = resume_point(cfg, source_step)
     dataset = open_dataset(cfg, point, launched_rank(env))
     return plan_on_dataset(cfg, dims, dataset, point, env, tuple(acknowledged))
 
@@ -167,15 +167,13 @@ def _resolve_topology(cfg: TrainConfig, world_size: int) -> ParallelDims:
             else ""
         )
         if world_size == 1:
-            fix = f"--parallelism.dp_shard=1 --checkpoint_format=safetensors{reset}"
+            fix = f"--parallelism.dp_shard=1{reset}"
         else:
             fix = f"--parallelism.dp_shard=-1{reset} (FSDP2 over all {world_size} processes)"
         raise ConfigError(f"{e}; to resume on {world_size} process(es) pass {fix}") from None
 
 
-def resume_point(
-    cfg: TrainConfig, dims: ParallelDims, source_step: Path | None
-) -> ResumePoint | None:
+def resume_point(cfg: TrainConfig, source_step: Path | None) -> ResumePoint | None:
     """The checkpoint a ``--resume=true`` run continues from (the resolver's first step: sizes
     only), None for a fresh run; a fresh run refuses a folder that holds checkpoints."""
     output_dir = Path(cfg.output_dir)
@@ -186,17 +184,7 @@ def resume_point(
                 "--resume=true to continue that run, or choose another --output_dir"
             )
         return None
-    point = resume.require(output_dir, source_step, cfg.policy.type)
-    if (
-        point.info.get("sharded")
-        and not dims.is_sharded
-        and cfg.checkpoint_format is not CheckpointFormat.SAFETENSORS
-    ):
-        raise ConfigError(
-            f"resuming sharded checkpoint {point.step_dir} without sharding needs a single-file "
-            "format: pass --checkpoint_format=safetensors"
-        )
-    return point
+    return resume.require(output_dir, source_step, cfg.policy.type)
 
 
 def plan_on_dataset(

@@ -41,14 +41,16 @@ def test_locate_reads_no_data_and_verify_falls_back(run, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         verified = resume.verify(point, out, policy_type="act")
     assert verified.step == 1 and not verified.explicit and point.step == 2  # a new value
-    assert "skipping checkpoint 000002" in caplog.text and "SHA-256 does not match" in caplog.text
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith("checkpoint 000002 cannot be resumed (") and "SHA-256" in warning
+    assert "resuming from 000001 instead: training rewrites 000002" in warning
     explicit = resume.locate(out, explicit=newest)
     assert explicit.explicit
     with pytest.raises(CheckpointError, match="model.safetensors: SHA-256 does not match"):
         resume.verify(explicit, out)
 
 
-def test_locate_checks_sizes_and_the_policy_type(run, tmp_path):
+def test_locate_checks_sizes_and_the_policy_type(run, tmp_path, caplog):
     import shutil
 
     out = tmp_path / "out"
@@ -57,7 +59,12 @@ def test_locate_checks_sizes_and_the_policy_type(run, tmp_path):
         resume.locate(out, policy_type="diffusion")
     weights = out / "checkpoints/000002/pretrained_model/model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8])
-    assert resume.locate(out).step == 1  # truncated: skipped before any process group
+    with caplog.at_level(logging.WARNING):
+        assert resume.locate(out).step == 1  # truncated: skipped before any process group
+    # Said once, `last` (on the truncated one) included.
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "checkpoint 000002 cannot be resumed" in warning and "(truncated?)" in warning
+    assert "resuming from 000001 instead" in warning
     for step_dir in (out / "checkpoints").glob("00000*"):
         (step_dir / "training_state/training_step.json").unlink()
     assert resume.locate(out) is None

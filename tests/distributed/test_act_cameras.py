@@ -92,7 +92,7 @@ def camera_plan(argv: list[str], world_size: int) -> TrainingPlan:
     cfg = resolve_config(cfg)
     dims = resolve_parallelism(cfg.parallelism, world_size)
     dataset = InMemoryCameraDataset(cfg.dataset.root, chunk=cfg.policy.chunk_size)
-    return plan_on_dataset(cfg, dims, dataset, resume_point(cfg, dims, source_step))
+    return plan_on_dataset(cfg, dims, dataset, resume_point(cfg, source_step))
 
 
 def train_rank(argv: list[str]) -> dict:

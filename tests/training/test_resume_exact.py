@@ -1,4 +1,5 @@
-"""Exact resume: single process bit-identical; 2->1 and 2->2 processes within 1e-5."""
+"""Exact resume: single process bit-identical; 2->1 (DDP, FSDP2 DCP) and 2->2 processes within
+1e-5."""
 
 from __future__ import annotations
 
@@ -41,20 +42,35 @@ def test_single_process_resume_is_bit_identical(dataset_root, tmp_path):
     assert all(full_l[s] == res_l[s] for s in range(7, 13))
 
 
-def test_resume_two_processes_to_one_is_sample_exact(dataset_root, tmp_path):
+# FSDP2's DCP shards load into the whole model of one process (its checkpoints then hold
+# model.safetensors too, whatever the run's --checkpoint_format=dcp says).
+TWO_PROCESSES = {
+    "ddp": ([], []),
+    "fsdp2-dcp": (
+        ["--parallelism.dp_shard=2", "--checkpoint_format=dcp"],
+        ["--parallelism.dp_shard=1"],
+    ),
+}
+
+
+@pytest.mark.parametrize("topology", list(TWO_PROCESSES))
+def test_resume_two_processes_to_one_is_sample_exact(dataset_root, tmp_path, topology):
     det = {**DETERMINISTIC, "dataset.root": dataset_root, "save_freq": 5}
     two = tiny_act_flags(**det, batch_size=4)
-    run_distributed(run_train, 2, [*two, f"--output_dir={tmp_path / 'ddp'}", "--steps=10"])
+    sharding, on_one = TWO_PROCESSES[topology]
+    out = tmp_path / "two"
+    run_distributed(run_train, 2, [*two, *sharding, f"--output_dir={out}", "--steps=10"])
     run_train(
         [
             "--resume=true",
-            f"--config_path={tmp_path / 'ddp/checkpoints/000005/pretrained_model'}",
+            f"--config_path={out / 'checkpoints/000005/pretrained_model'}",
             f"--output_dir={tmp_path / 'single'}",
             "--batch_size=8",
             "--steps=10",
+            *on_one,
         ]
     )
-    ref, resumed = losses(tmp_path / "ddp"), losses(tmp_path / "single")
+    ref, resumed = losses(out), losses(tmp_path / "single")
     for step in range(6, 11):
         assert abs(ref[step] - resumed[step]) < 1e-5, (step, ref[step], resumed[step])
 

@@ -1,16 +1,17 @@
 """The commands users are told to type run as typed, so that the docs cannot drift from the code:
-every command of the ```bash blocks of README.md and config/README.md, and every command (in
-backquotes) of the pipeline's own messages: the summary at the end of a run and the hint about a
-stale lock.
+every command of the ```bash blocks of README.md, config/README.md and docs/*.md, and every
+command (in backquotes) of the pipeline's own messages: the summary at the end of a run and the
+hint about a stale lock.
 
 They run in a copy of a finished default run, after the README's set-up (`make run`, then
-`source .venv/bin/activate`: here the test's venv first on PATH and as make's VENV), in order,
-in one folder, so that a command may use what an earlier one wrote (the dataset of
-`lerobot-pipe make-dataset`, the checkpoints of the tiny lerobot-train run). A ```yaml block
-whose first line is `# <name>.yaml` is written to that file first. A command that needs what a
-test machine lacks is checked as far as it can be (RULES, first match wins): lerobot-train runs
-of minutes by `lerobot-pipe validate` (lerobot-train's own parsing and checks, for the same
-world size), an 8-GPU pipeline by a dry run; the others are left out saying why.
+`source .venv/bin/activate`: here the test's venv first on PATH and as `.venv/`), in order, in
+one folder, so that a command may use what an earlier one wrote (the run's converted policies,
+the dataset of `lerobot-pipe make-dataset`, the checkpoints of the tiny lerobot-train run). A
+```yaml block whose first line is `# <name>.yaml` is written to that file first. A command that
+needs what a test machine lacks is checked as far as it can be (RULES, first match wins):
+lerobot-train runs of minutes by `lerobot-pipe validate` (lerobot-train's own parsing and
+checks, for the same world size), an 8-GPU pipeline by a dry run, a benchmark by its flags'
+parsing; the others are left out saying why.
 """
 
 from __future__ import annotations
@@ -28,14 +29,24 @@ from snakemake_runs import REPO, RUN, VENV_BIN, pipeline_env
 
 pytestmark = pytest.mark.slow
 
-DOCS = ("README.md", "config/README.md")
-# Besides the workflow files a clone has: what the documented commands read.
-DOC_FILES = ("README.md", "Makefile", "pyproject.toml", "constraints-cpu.txt")
+# The documents with commands: every ```bash block of docs/ too.
+DOCS = tuple(
+    str(path.relative_to(REPO))
+    for path in (REPO / "README.md", REPO / "config/README.md", *sorted(REPO.glob("docs/*.md")))
+    if "```bash" in path.read_text()
+)
+# Besides the workflow files a clone has: what the documented commands read (the benchmarks
+# import the test suite's helpers).
+DOC_FILES = ("README.md", "Makefile", "pyproject.toml", "constraints-cpu.txt", "bench", "tests")
 
-SKIP, VALIDATE, DRY_RUN, RUN_IT = "skip", "validate", "dry run", "run"
+SKIP, VALIDATE, DRY_RUN, FLAGS, RUN_IT = "skip", "validate", "dry run", "flags", "run"
 # (pattern searched in the command, how it is checked, why)
 RULES = [
-    (r"\.\.\.|<\w+>", SKIP, "a template: `...` and `<name>` stand for what the user fills in"),
+    (
+        r"\.\.\.|<\w+>|\[--",
+        SKIP,
+        "a template: `...`, `<name>` and `[--flag]` stand for what the user fills in",
+    ),
     (
         r"^make (test|test-fast|lint)\b",
         SKIP,
@@ -49,15 +60,11 @@ RULES = [
         "needs a SLURM cluster (tests/workflow/test_slurm.py)",
     ),
     (
-        r"hub_repo_id=|push_to_hub|--policy\.path=|--dataset\.repo_id=",
+        r"hub_repo_id=|push_to_hub|=me/",
         SKIP,
-        "needs a Hub account (test_pipeline.py publishes to a local Hub server)",
+        "needs a Hub account and its repositories (test_pipeline.py publishes to a local Hub)",
     ),
-    (
-        r"config/eval-demo\.yaml$",
-        SKIP,
-        "the same command runs in tests/workflow/test_evaluate_pipeline.py (its fixture)",
-    ),
+    (r"^\.venv/bin/python bench/", FLAGS, "a benchmark of minutes: its flags parsed (`--help`)"),
     (r"^snakemake --cores 8\b", DRY_RUN, "needs 8 GPUs: planned with --dry-run"),
     (r"--config_path=outputs/act/", SKIP, "resumes the GPU-sized run, which is only validated"),
     (r"^torchrun --nproc-per-node=\d+ \$\(which lerobot-train\) ", VALIDATE, "GPU-sized"),
@@ -128,8 +135,13 @@ def workspace(default_run, tmp_path_factory):
     for `.venv/` (make's VENV): the test's venv, behind a stamp that make never rebuilds."""
     work = default_run.clone(tmp_path_factory.mktemp("documented") / "repo")
     for name in DOC_FILES:
-        shutil.copy2(REPO / name, work.path(name))
-    venv = work.path("test-venv")
+        if (REPO / name).is_dir():
+            shutil.copytree(
+                REPO / name, work.path(name), ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            shutil.copy2(REPO / name, work.path(name))
+    venv = work.path(".venv")
     venv.mkdir()
     for name in ("bin", "lib", "pyvenv.cfg"):
         (venv / name).symlink_to(VENV_BIN.parent / name)
@@ -153,9 +165,7 @@ def write_imagenet_resnet18(torch_home: Path) -> None:
 
 
 def run(workspace, command: str) -> subprocess.CompletedProcess:
-    env = pipeline_env(
-        {"VENV": str(workspace.path("test-venv")), "TORCH_HOME": str(workspace.path("torch_home"))}
-    )
+    env = pipeline_env({"TORCH_HOME": str(workspace.path("torch_home"))})
     result = subprocess.run(
         ["bash", "-c", command],
         cwd=workspace.root,
@@ -224,6 +234,8 @@ def test_the_commands_of_the_docs_run_as_typed(workspace, doc):
             to_run.append(as_validate(command))
         elif action == DRY_RUN:
             to_run.append(f"{command} --dry-run")
+        elif action == FLAGS:
+            to_run.append(f"{command} --help")
         else:
             to_run.append(command)
     assert to_run, f"no command of {doc} was run"

@@ -9,11 +9,18 @@ import pytest
 import torch
 from snakemake_runs import RUN, TRAIN_DIR, Workspace
 
-from lerobot_pipe.constants import ENV_FAULT_POINT, TMP_CHECKPOINT_PREFIX
+from lerobot_pipe.constants import (
+    ENV_FAULT_POINT,
+    MODEL_DCP_DIR,
+    MODEL_SAFETENSORS,
+    PRETRAINED_MODEL_DIR,
+    TMP_CHECKPOINT_PREFIX,
+    TRAIN_CONFIG_NAME,
+)
 
 pytestmark = pytest.mark.slow
 
-DEFAULT_STEPS = ["000020", "000040", "000060"]
+DEFAULT_STEPS = ["000100", "000200", "000300"]
 
 
 def assert_same_weights(a: dict, b: dict) -> None:
@@ -40,7 +47,7 @@ def test_default_config_runs_end_to_end(default_run):
     assert default_run.complete_checkpoints() == DEFAULT_STEPS
     assert default_run.converted_steps() == DEFAULT_STEPS
     final = default_run.final_checkpoint()
-    assert final["step"] == 60 and final["world_size"] == 2
+    assert final["step"] == 300 and final["world_size"] == 2
     assert "torchrun --standalone" in default_run.path(f"{RUN}/logs/train.log").read_text()
     assert not default_run.path(f"{RUN}/published").exists()
     for figure in ("loss.svg", "eval.svg", "throughput.svg", "checkpoints.html"):
@@ -68,54 +75,63 @@ def test_killed_training_resumes_to_the_same_weights(default_run, tmp_path):
     workspace = Workspace.fresh(tmp_path / "repo")
     # The target convert_all stops after conversion: no report figures, no table.
     command = ("--cores", "2", "convert_all")
-    # SIGKILL a training process while it saves step 40: step 20 is complete, step 40 is not.
-    killed = workspace.snakemake(*command, env={ENV_FAULT_POINT: "save:before_rename@40"})
+    # SIGKILL a training process while it saves step 200: step 100 is complete, step 200 is not.
+    killed = workspace.snakemake(*command, env={ENV_FAULT_POINT: "save:before_rename@200"})
     assert killed.returncode != 0
-    assert workspace.complete_checkpoints() == ["000020"]
-    assert workspace.path(f"{TRAIN_DIR}/checkpoints/{TMP_CHECKPOINT_PREFIX}000040").exists()
+    assert workspace.complete_checkpoints() == ["000100"]
+    assert workspace.path(f"{TRAIN_DIR}/checkpoints/{TMP_CHECKPOINT_PREFIX}000200").exists()
     assert workspace.converted_steps() == []
 
-    # The same command resumes from step 20; Ctrl-C once it has saved step 40.
-    step_40 = f"{TRAIN_DIR}/checkpoints/000040/training_state/training_step.json"
-    interrupted = workspace.snakemake(*command, interrupt_when=step_40)
+    # The same command resumes from step 100; Ctrl-C once it has saved step 200.
+    step_200 = f"{TRAIN_DIR}/checkpoints/000200/training_state/training_step.json"
+    interrupted = workspace.snakemake(*command, interrupt_when=step_200)
     assert interrupted.returncode != 0
-    assert "checkpoints/000020 (step 20)" in workspace.path(f"{RUN}/logs/train.log").read_text()
-    assert workspace.complete_checkpoints() == ["000020", "000040"]
+    assert "checkpoints/000100 (step 100)" in workspace.path(f"{RUN}/logs/train.log").read_text()
+    assert workspace.complete_checkpoints() == ["000100", "000200"]
     assert not workspace.path(f"{RUN}/final_checkpoint.json").exists()
 
     # And again: no --rerun-incomplete, no --unlock.
     rerun = workspace.run_ok(*command)
     assert rerun.jobs() == {"train": 1, "convert": 3, "convert_all": 1}
-    assert "checkpoints/000040 (step 40)" in workspace.path(f"{RUN}/logs/train.log").read_text()
+    assert "checkpoints/000200 (step 200)" in workspace.path(f"{RUN}/logs/train.log").read_text()
     assert workspace.complete_checkpoints() == DEFAULT_STEPS
     assert workspace.converted_steps() == DEFAULT_STEPS
     assert not workspace.path(f"{RUN}/report").exists()
     assert_same_weights(
-        workspace.converted_weights("000060"), default_run.converted_weights("000060")
+        workspace.converted_weights("000300"), default_run.converted_weights("000300")
     )
 
 
-def test_fewer_processes_and_more_steps_continue_and_convert_only_new_steps(default_run, tmp_path):
+def test_changing_the_process_count_either_way_resumes_resharded(default_run, tmp_path):
+    """2 -> 1 -> 2 processes, more steps each time and no other edit: each run resumes the other
+    topology's checkpoint. The single process writes model.safetensors though the config says
+    dcp (and its saved config still does); sharded again, the run writes DCP shards. Only the
+    new steps are converted."""
     run = default_run.clone(tmp_path / "repo")
-    converted_before = run.mtimes(f"{RUN}/converted/*/pretrained_model/*")
-    # One process instead of two (FSDP2 -> single process), the same global batch, more steps.
-    override = run.write_config(
-        "more.yaml",
-        {
-            "launch": {"nproc_per_node": 1},
-            "train": {"steps": 100, "batch_size": 16, "checkpoint_format": "safetensors"},
-        },
+    converted_before = run.mtimes(f"{RUN}/converted/*/{PRETRAINED_MODEL_DIR}/*")
+    train_log = run.path(f"{RUN}/logs/train.log")
+    for nproc, steps, resumed_from in ((1, 310, 300), (2, 320, 310)):
+        logged = len(train_log.read_text())  # every attempt appends to the same log
+        override = run.write_config(
+            f"nproc{nproc}.yaml", {"launch": {"nproc_per_node": nproc}, "train": {"steps": steps}}
+        )
+        result = run.run_ok("--cores", "2", "--configfile", "config/config.yaml", override)
+        assert (result.jobs()["train"], result.jobs()["convert"]) == (1, 1)
+        assert f"step=000{steps}" in result.output
+        attempt = train_log.read_text()[logged:]
+        assert f"checkpoints/000{resumed_from} (step {resumed_from})" in attempt
+        assert "resharded" in attempt
+        final = run.final_checkpoint()
+        assert final["step"] == steps and final["world_size"] == nproc
+    single, sharded = (
+        run.path(f"{TRAIN_DIR}/checkpoints/{step}/{PRETRAINED_MODEL_DIR}")
+        for step in ("000310", "000320")
     )
-    result = run.run_ok("--cores", "2", "--configfile", "config/config.yaml", override)
-    assert result.jobs()["train"] == 1
-    assert result.jobs()["convert"] == 2
-    assert "step=000080" in result.output and "step=000100" in result.output
-    train_log = run.path(f"{RUN}/logs/train.log").read_text()
-    assert "checkpoints/000060 (step 60)" in train_log and "resharded" in train_log
-    final = run.final_checkpoint()
-    assert final["step"] == 100 and final["world_size"] == 1
-    assert run.converted_steps() == [*DEFAULT_STEPS, "000080", "000100"]
-    converted_after = run.mtimes(f"{RUN}/converted/*/pretrained_model/*")
+    assert (single / MODEL_SAFETENSORS).is_file()
+    assert json.loads((single / TRAIN_CONFIG_NAME).read_text())["checkpoint_format"] == "dcp"
+    assert (sharded / MODEL_DCP_DIR).is_dir() and not (sharded / MODEL_SAFETENSORS).exists()
+    assert run.converted_steps() == [*DEFAULT_STEPS, "000310", "000320"]
+    converted_after = run.mtimes(f"{RUN}/converted/*/{PRETRAINED_MODEL_DIR}/*")
     assert {path: converted_after[path] for path in converted_before} == converted_before
 
 
@@ -146,7 +162,7 @@ def test_publish_to_the_hub_and_rerun_publish_only(default_run, hub_server, tmp_
     result = run.run_ok("--cores", "2", *hub, env=hub_server.env())
     assert result.jobs() == {"publish": 1, "checkpoint_table": 1, "all": 1}
     assert "Publishing is off" not in result.output
-    receipt = json.loads(run.path(f"{RUN}/published/000060.json").read_text())
+    receipt = json.loads(run.path(f"{RUN}/published/000300.json").read_text())
     assert receipt["repo_id"] == repo_id
     files = hub_server.list_files(repo_id)
     assert "model.safetensors" in files and "config.json" in files
@@ -155,7 +171,7 @@ def test_publish_to_the_hub_and_rerun_publish_only(default_run, hub_server, tmp_
     rerun = run.run_ok("--cores", "2", "-R", "publish", *hub, env=hub_server.env())
     assert rerun.jobs() == {"publish": 1, "checkpoint_table": 1, "all": 1}
     assert (
-        json.loads(run.path(f"{RUN}/published/000060.json").read_text())["commit_id"]
+        json.loads(run.path(f"{RUN}/published/000300.json").read_text())["commit_id"]
         == (receipt["commit_id"])
     )
     # Unchanged files make no new commit; neither training nor conversion ran again.

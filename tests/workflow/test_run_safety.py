@@ -18,11 +18,10 @@ from lerobot_pipe.constants import CHECKPOINTS_DIR, LAST_CHECKPOINT_LINK
 pytestmark = pytest.mark.slow
 
 FINAL = f"{RUN}/final_checkpoint.json"
+
+
 # What these tests check (the run lock, the watchdog, resuming) does not depend on the inputs: the
 # default dataset without its camera trains several times faster.
-NO_CAMERA = {"dataset": {"synthetic": {"cameras": []}}}
-
-
 class TrainerWatch(threading.Thread):
     """Counts the trainers running in a workspace, every 0.1 s, for as long as it runs."""
 
@@ -53,9 +52,7 @@ def _wait_for(predicate, timeout: float, what: str) -> float:
 
 def test_sigkilled_snakemake_takes_its_trainers_along_and_the_rerun_finishes(tmp_path):
     workspace = Workspace.fresh(tmp_path / "repo")
-    long = workspace.write_config(
-        "long.yaml", {**NO_CAMERA, "train": {"steps": 120, "save_freq": 40}}
-    )
+    long = workspace.write_config("long.yaml", {"train": {"steps": 120, "save_freq": 40}})
     command = ("--cores", "2", FINAL, "--configfile", "config/config.yaml", long)
     watch = TrainerWatch(workspace)
     watch.start()
@@ -98,7 +95,7 @@ def test_a_trainer_holding_the_run_stops_the_pipeline_before_it_trains(default_r
     before = run.mtimes(checkpoints)
     holder = hold_run_lock_in_another_process(run.path(TRAIN_DIR))
     try:
-        more = run.write_config("more.yaml", {"train": {"steps": 80}})
+        more = run.write_config("more.yaml", {"train": {"steps": 310}})
         result = run.snakemake("--cores", "2", FINAL, "--configfile", "config/config.yaml", more)
     finally:
         holder.kill()
@@ -119,7 +116,6 @@ def test_null_in_the_config_wins_over_the_resumed_checkpoint(tmp_path):
     hsdp = workspace.write_config(
         "hsdp.yaml",
         {
-            **NO_CAMERA,
             "launch": {"nproc_per_node": 4},
             "train": {"steps": 10, "save_freq": 10, "parallelism": {"dp_replicate": 2}},
         },
@@ -128,7 +124,7 @@ def test_null_in_the_config_wins_over_the_resumed_checkpoint(tmp_path):
     first = workspace.final_checkpoint()
     assert first["world_size"] == 4 and first["parallelism"]["mode"] == "hsdp"
 
-    more = workspace.write_config("more.yaml", {**NO_CAMERA, "train": {"steps": 20}})
+    more = workspace.write_config("more.yaml", {"train": {"steps": 20}})
     result = workspace.run_ok("--cores", "2", FINAL, "--configfile", "config/config.yaml", more)
     assert result.jobs() == {"validate": 1, "train": 1}
     final = workspace.final_checkpoint()
@@ -154,13 +150,13 @@ def test_training_progress_and_the_results_reach_the_terminal(default_run):
     progress = [i for i, line in enumerate(output) if line.startswith("train: step ")]
     assert progress and progress[0] < finished, "no progress line before the train job ended"
     line = output[progress[0]]
-    for part in ("/60 (", "loss ", "samples/s", "ETA "):
+    for part in ("/300 (", "loss ", "samples/s", "ETA "):
         assert part in line, line
     # The whole log is still in the log file.
     assert "Effective batch size" in default_run.path(f"{RUN}/logs/train.log").read_text()
     text = "\n".join(output)
     assert "Results of run 'default', in results/default/:" in text
-    assert "results/default/converted/<step>/pretrained_model/ (000020, 000040, 000060)" in text
+    assert "results/default/converted/<step>/pretrained_model/ (000100, 000200, 000300)" in text
     assert "`make report` writes results/default/report.html" in text
 
 
@@ -176,7 +172,7 @@ def test_nothing_left_to_train_launches_nothing(default_run, tmp_path):
     attempt = run.path(f"{RUN}/logs/train.log").read_text().split("===== lerobot-pipe")[-1]
     assert "nothing to train" in attempt and "torchrun --standalone" not in attempt
     assert run.training_files_mtimes() == training_before
-    assert run.final_checkpoint()["step"] == 60
+    assert run.final_checkpoint()["step"] == 300
 
 
 def test_a_failed_publish_shows_its_cause_on_the_terminal(default_run, hub_server, tmp_path):
@@ -184,6 +180,6 @@ def test_a_failed_publish_shows_its_cause_on_the_terminal(default_run, hub_serve
     hub = ["--config", "hub_repo_id=alice/tiny-act", f"hub_endpoint={hub_server.url}"]
     result = run.snakemake("--cores", "2", *hub, env={**hub_server.env(), "HF_TOKEN": "hf_wrong"})
     assert result.returncode != 0 and "Error in rule publish" in result.output
-    log = run.path(f"{RUN}/logs/publish/000060.log").read_text()
+    log = run.path(f"{RUN}/logs/publish/000300.log").read_text()
     errors = [line for line in log.splitlines() if "ERROR" in line]
     assert errors and all(line in result.output for line in errors)

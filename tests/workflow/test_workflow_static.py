@@ -136,7 +136,7 @@ def test_profiles_plan_the_same_jobs(workspace):
 
 def test_the_default_run_trains_the_tiny_act():
     """The embedded default's policy is the package's tiny ACT (ACT_TINY_PRESET), the "small"
-    model of the benchmarks; only its camera backbone's settings are added."""
+    model of the benchmarks; only its camera backbone's settings and a learning rate are added."""
     import yaml
 
     from lerobot_pipe.policies.act import ACT_TINY_PRESET
@@ -145,6 +145,7 @@ def test_the_default_run_trains_the_tiny_act():
     assert policy.pop("type") == "act"
     assert policy.pop("vision_backbone") == "resnet18"
     assert policy.pop("pretrained_backbone_weights") is None
+    assert policy.pop("optimizer_lr") == 0.001
     assert policy == ACT_TINY_PRESET
 
 

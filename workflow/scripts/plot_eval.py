@@ -41,13 +41,14 @@ def main(snakemake) -> None:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylim(-5, 105)
-    axes[0].legend(fontsize="small", loc="lower right")
+    # Below the panels: inside one, the legend could cover the star wherever the best lands.
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", fontsize="small")
     axes[0].set_title(
         f"{snakemake.params.run}: {env.get('type', '')} env, "
         f"{overall[best_step]['n_episodes']} episodes per checkpoint"
     )
     axes[-1].set_xlabel("step")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(snakemake.output[0])
     plt.close(fig)
 
