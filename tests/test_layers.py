@@ -145,3 +145,32 @@ def test_the_reader_sees_lazy_relative_and_dynamic_imports(tmp_path):
         f"{PACKAGE}/low/lazy.py",
         f"{PACKAGE}/low/relative.py",
     ]
+
+
+def module_rows(design: Path = DESIGN) -> set[str]:
+    """The modules the "Modules" table of the module map names (``pkg/module``, ``pkg/*`` for
+    every module of a package, several per row)."""
+    section = DESIGN.read_text().split("## Module map", 1)[1].split("\n## ", 1)[0]
+    table = section.split("### Modules", 1)[1]
+    named: set[str] = set()
+    for first_cell in re.findall(r"^\| ([^|]+) \|", table, flags=re.M):
+        named.update(re.findall(r"`([^`]+)`", first_cell))
+    return named
+
+
+def test_the_module_table_names_every_module():
+    named = module_rows()
+    package = ROOT / PACKAGE
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).with_suffix("")
+        if relative.name == INIT:
+            continue
+        name = relative.as_posix()
+        wildcards = [f"{'/'.join(relative.parts[:i])}/*" for i in range(1, len(relative.parts))]
+        if name not in named and not any(w in named for w in wildcards):
+            missing.append(name)
+    assert not missing, (
+        f"the module table of {DESIGN.relative_to(ROOT)} does not name {missing}: one row each "
+        "(what it holds)"
+    )
