@@ -24,6 +24,16 @@ OBS_IMAGE = "observation.image"
 OBS_IMAGES = "observation.images"
 
 
+def _simulator_kwargs(cfg: EnvConfig, **extra: Any) -> dict[str, Any]:
+    """``gym.make``'s keywords that LeRobot passes every simulator, with ``extra`` (LeRobot's)."""
+    return {
+        "obs_type": cfg.obs_type,
+        "render_mode": cfg.render_mode,
+        **extra,
+        "max_episode_steps": cfg.episode_length,
+    }
+
+
 @EnvConfig.register_subclass("pusht")
 @dataclass
 class PushtEnv(EnvConfig):
@@ -68,13 +78,11 @@ class PushtEnv(EnvConfig):
 
     @property
     def gym_kwargs(self) -> dict[str, Any]:
-        return {
-            "obs_type": self.obs_type,
-            "render_mode": self.render_mode,
-            "visualization_width": self.visualization_width,
-            "visualization_height": self.visualization_height,
-            "max_episode_steps": self.episode_length,
-        }
+        return _simulator_kwargs(
+            self,
+            visualization_width=self.visualization_width,
+            visualization_height=self.visualization_height,
+        )
 
 
 @EnvConfig.register_subclass("aloha")
@@ -117,11 +125,7 @@ class AlohaEnv(EnvConfig):
 
     @property
     def gym_kwargs(self) -> dict[str, Any]:
-        return {
-            "obs_type": self.obs_type,
-            "render_mode": self.render_mode,
-            "max_episode_steps": self.episode_length,
-        }
+        return _simulator_kwargs(self)
 
 
 @EnvConfig.register_subclass("synthetic")

@@ -75,20 +75,26 @@ def _env_factory(cfg: EnvConfig):
 
 
 def make_env(cfg: EnvConfig, n_envs: int = 1, use_async_envs: bool = False):
-    """The vector environment of ``n_envs`` sub-environments (LeRobot's construction)."""
+    """The vector environment of ``n_envs`` sub-environments (LeRobot's construction); EnvError
+    (one line) when its simulator is missing or fails to start."""
     if n_envs < 1:
         raise EnvError(f"--eval.batch_size: at least one environment is needed, got {n_envs}")
     _import_env_package(cfg)
     gym = import_gymnasium()
     fns = [_env_factory(cfg) for _ in range(n_envs)]
     mode = gym.vector.AutoresetMode.SAME_STEP
-    if use_async_envs and n_envs > 1:
-        env = gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="forkserver")
-        # A failed env.call (an attribute a sub-env lacks) shuts an async worker down: the task
-        # attribute is looked up once, on an env of this process.
-        env.task_attribute = _task_attribute(fns[0])
-        return env
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+    try:
+        if use_async_envs and n_envs > 1:
+            env = gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="forkserver")
+            # A failed env.call (an attribute a sub-env lacks) shuts an async worker down: the
+            # task attribute is looked up once, on an env of this process.
+            env.task_attribute = _task_attribute(fns[0])
+            return env
+        return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+    except Exception as e:  # a simulator that fails to start (e.g. no EGL for MuJoCo)
+        raise EnvError(
+            f"--env.type={cfg.type}: making {cfg.gym_id} failed: {type(e).__name__}: {e}"
+        ) from None
 
 
 def _task_attribute(make_one) -> str | None:

@@ -119,12 +119,8 @@ def prepare(options: EvalPipelineOptions):
     batch_size = min(batch_size, options.eval.n_episodes)
     try:
         env = make_env(env_cfg, batch_size, options.eval.use_async_envs)
-    except EnvError as e:
+    except EnvError as e:  # what to install, or the simulator that failed to start
         raise BadInput(str(e)) from None
-    except Exception as e:  # a simulator that fails to start (e.g. no EGL for MuJoCo)
-        raise BadInput(
-            f"--env.type={env_cfg.type}: making {env_cfg.gym_id} failed: {type(e).__name__}: {e}"
-        ) from None
     try:
         delivered = delivered_features(env.single_observation_space, env.single_action_space)
         check_policy_features(

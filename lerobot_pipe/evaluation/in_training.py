@@ -236,14 +236,7 @@ def check_env(env_cfg: EnvConfig, policy_cfg, rename_map: dict[str, str]) -> Non
     the policy takes (lerobot-eval's checks, on one sub-env). ValueError (one line) otherwise."""
     from lerobot_pipe.envs.factory import check_policy_features, delivered_features, make_env
 
-    try:
-        env = make_env(env_cfg, 1)
-    except ValueError:  # EnvError: what to install, or an unknown task
-        raise
-    except Exception as e:  # a simulator that fails to start (e.g. no EGL for MuJoCo)
-        raise ValueError(
-            f"--env.type={env_cfg.type}: making {env_cfg.gym_id} failed: {type(e).__name__}: {e}"
-        ) from None
+    env = make_env(env_cfg, 1)  # EnvError (a ValueError): what to install, or why it failed
     try:
         delivered = delivered_features(env.single_observation_space, env.single_action_space)
     finally:

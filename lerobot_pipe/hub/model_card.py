@@ -94,18 +94,19 @@ def make_model_card(
         datasets=[dataset_repo_id] if dataset_repo_id else None,
         base_model=base_model or None,
     )
-    body = _body(repo_id, policy_type, dataset_repo_id, base_model, train_summary, metrics)
+    sections = [
+        *_intro(repo_id, policy_type, dataset_repo_id, base_model),
+        *_tables(train_summary, metrics),
+        *_usage(repo_id, policy_type),
+    ]
+    body = "\n\n".join(sections) + "\n"
     return str(ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}"))
 
 
-def _body(
-    repo_id: str,
-    policy_type: str,
-    dataset_repo_id: str | None,
-    base_model: str | None,
-    train_summary: dict,
-    metrics: dict | None,
-) -> str:
+def _intro(
+    repo_id: str, policy_type: str, dataset_repo_id: str | None, base_model: str | None
+) -> list[str]:
+    """The card's title and what the repository holds."""
     title = f"# {policy_type.upper() if len(policy_type) <= 5 else policy_type} policy: `{repo_id}`"
     what = [
         f"This repository holds a robot-learning policy of type **{policy_type}** in the "
@@ -123,18 +124,26 @@ def _body(
             f"It was fine-tuned from [`{base_model}`](https://huggingface.co/{base_model})."
         )
 
-    sections = [title, " ".join(what)]
+    return [title, " ".join(what)]
+
+
+def _tables(train_summary: dict, metrics: dict | None) -> list[str]:
+    """The training configuration, and the last logged metrics when there are any."""
     summary_rows = list(_flatten(train_summary or {}))
-    sections.append("## Training configuration")
-    sections.append(
-        _table(("Setting", "Value"), summary_rows) if summary_rows else "_Not recorded._"
-    )
+    sections = [
+        "## Training configuration",
+        _table(("Setting", "Value"), summary_rows) if summary_rows else "_Not recorded._",
+    ]
     metric_rows = list(_flatten(metrics or {}))
     if metric_rows:
-        sections.append("## Metrics")
-        sections.append(_table(("Metric", "Value"), metric_rows))
-    sections.append("## How to use")
-    sections.append(
+        sections += ["## Metrics", _table(("Metric", "Value"), metric_rows)]
+    return sections
+
+
+def _usage(repo_id: str, policy_type: str) -> list[str]:
+    """How to download and load the policy."""
+    return [
+        "## How to use",
         "Download the files with `huggingface_hub`:\n\n"
         "```python\n"
         "from huggingface_hub import snapshot_download\n\n"
@@ -149,9 +158,8 @@ def _body(
         "Intermediate checkpoints, when published, live under `checkpoints/<step>/` and are "
         "tagged `step-<step>`: fetch one with "
         f'`snapshot_download("{repo_id}", revision="step-005000", '
-        'allow_patterns=["checkpoints/005000/*"])`.'
-    )
-    return "\n\n".join(sections) + "\n"
+        'allow_patterns=["checkpoints/005000/*"])`.',
+    ]
 
 
 def model_card_for_checkpoint(pretrained_dir: str | Path, repo_id: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lerobot_pipe.configs.parser import required
 from lerobot_pipe.scripts.help import command_help, parse_command
-from lerobot_pipe.scripts.logs import report_error
+from lerobot_pipe.scripts.logs import report_error, run_reported
 
 PROG = "lerobot-convert-dcp"
 
@@ -83,23 +83,21 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from lerobot_pipe.convert.dcp_to_safetensors import ConversionError, convert_checkpoint
 
-    try:
-        weights = convert_checkpoint(
+    status, weights = run_reported(
+        PROG,
+        "conversion",
+        lambda: convert_checkpoint(
             options.checkpoint_dir,
             output_dir=options.output_dir,
             delete_dcp=options.delete_dcp,
             ema_output_dir=options.ema_output_dir,
-        )
-    except ConversionError as e:
-        report_error(PROG, e)
-        return 1
-    except KeyboardInterrupt:
-        report_error(PROG, "interrupted; nothing was deleted")
-        return 130
-    except Exception as e:  # never a torch traceback on the console
-        log.debug("conversion failed", exc_info=True)
-        report_error(PROG, f"conversion failed: {type(e).__name__}: {e}")
-        return 1
+        ),
+        expected=(ConversionError,),
+        expected_status=1,
+        interrupted="interrupted; nothing was deleted",
+    )
+    if status:
+        return status
     print(weights)
 
     if options.push_to_hub:

@@ -12,17 +12,14 @@ failed evaluation exits with 1.
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from lerobot_pipe.configs.envs import EnvConfig
 from lerobot_pipe.evaluation.eval_policy import BadInput, EvalPipelineOptions, run
 from lerobot_pipe.scripts.help import choice_sections, command_help, parse_command
-from lerobot_pipe.scripts.logs import report_error
+from lerobot_pipe.scripts.logs import run_reported
 
 PROG = "lerobot-eval"
-
-log = logging.getLogger("lerobot_pipe.eval")
 
 
 def usage() -> str:
@@ -37,19 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     options, status = parse_command(PROG, EvalPipelineOptions, argv, usage)
     if options is None:
         return status
-    try:
-        run(options)
-    except BadInput as e:
-        report_error(PROG, e)
-        return 2
-    except KeyboardInterrupt:
-        report_error(PROG, "interrupted")
-        return 130
-    except Exception as e:  # never a traceback on the console
-        log.debug("evaluation failed", exc_info=True)
-        report_error(PROG, f"evaluation failed: {type(e).__name__}: {e}")
-        return 1
-    return 0
+    status, _ = run_reported(PROG, "evaluation", lambda: run(options), expected=(BadInput,))
+    return status
 
 
 if __name__ == "__main__":
