@@ -376,7 +376,8 @@ def open_rollouts(plan: TrainingPlan, env: DistEnv) -> InTrainingEval | None:
 
 
 def _push_final(plan: TrainingPlan, step_dir: Path) -> None:
-    from lerobot_pipe.hub.publish import PublishError, publish_checkpoint, redacted
+    from lerobot_pipe.hub.publish import PublishError, publish_checkpoint
+    from lerobot_pipe.utils.hub_http import redacted
 
     repo_id = plan.cfg.policy.repo_id
     run_on_main(
