@@ -8,6 +8,7 @@ the batch-norm broadcast before each save happen inside.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +61,14 @@ class CheckpointManager:
                 log.info("removed unfinished checkpoint write %s", path)
         return point
 
-    def load(self, state: TrainState, point: ResumePoint | None) -> None:
-        """Collective: the state this manager saves from now on, restored from ``point`` (as
-        :meth:`verify` returned it) when resuming."""
-        self.state = state
+    def load(self, states: Mapping[str, Any], point: ResumePoint | None) -> TrainState:
+        """Collective: the parts this manager saves from now on (``states``, torchtitan's shape:
+        a name -> a ``Stateful`` part, the names of :data:`~.stateful.STATES`), restored from
+        ``point`` (as :meth:`verify` returned it) when resuming; the typed record of them."""
+        self.state = state = TrainState.from_states(states)
         if point is not None:
             load_train_state(point, state, self.run_info)
+        return state
 
     def due(self, step: int, last_step: bool) -> bool:
         return self.enabled and (last_step or (self.save_freq > 0 and step % self.save_freq == 0))

@@ -13,7 +13,7 @@ LeRobot's tools load.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -175,9 +175,29 @@ class EMAShadow(Protocol):
         """LeRobot main's ema_state.pt as whole tensors by name (ValueError if it does not fit)."""
 
 
+#: What a checkpoint holds, as the checkpoint manager takes it (torchtitan's ``states``: a name ->
+#: a ``Stateful`` part), and where each part goes in LeRobot's layout of ``checkpoints/<step>/``.
+#: The names are :class:`TrainState`'s fields; ``model``, ``optimizer`` and ``pretrained`` are
+#: required, the others optional.
+STATES: dict[str, str] = {
+    "model": "pretrained_model/model.safetensors (sharded: pretrained_model/pytorch_model_fsdp_0/)",
+    "optimizer": "training_state/optimizer_state.safetensors + optimizer_param_groups.json "
+    "(sharded: training_state/optimizer_0/)",
+    "pretrained": "pretrained_model/config.json, train_config.json, the processors",
+    "scheduler": "training_state/scheduler_state.json",
+    "scaler": "training_state/scaler_state.json (fp16)",
+    "rng": "training_state/rng_state.safetensors (every rank's, the main rank's under LeRobot's names)",
+    "progress": "training_state/training_step.json (step, samples consumed)",
+    "ema": "pretrained_model_ema/ + training_state/ema_state.json",
+    "stream": "training_state/stream_state.json (streaming)",
+}
+_REQUIRED = ("model", "optimizer", "pretrained")
+
+
 @dataclass
 class TrainState:
-    """Everything a checkpoint saves and restores."""
+    """Everything a checkpoint saves and restores: :data:`STATES` as a typed record (each part
+    has its own files, so the writer and the loader address them by name)."""
 
     model: ModelState
     optimizer: OptimizerState
@@ -190,19 +210,42 @@ class TrainState:
     stream: Stateful | None = None  # with --dataset.streaming=true (datasets/stream_sampler.py)
 
     @classmethod
-    def build(
-        cls,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        pretrained: PretrainedWriter,
-        **parts: Any,
-    ) -> TrainState:
-        adapter_key_map = parts.pop("adapter_key_map", None)
-        model = ModelState(module, adapter_key_map)
-        return cls(
-            model=model, optimizer=OptimizerState(model, optimizer), pretrained=pretrained, **parts
-        )
+    def from_states(cls, states: Mapping[str, Any]) -> TrainState:
+        """The record of a ``states`` mapping (:data:`STATES`' names; None for an absent part).
+        ValueError for a name it does not know or a required part missing."""
+        unknown = sorted(set(states) - set(STATES))
+        missing = [name for name in _REQUIRED if states.get(name) is None]
+        if unknown or missing:
+            raise ValueError(
+                f"checkpoint states: unknown {unknown}, missing {missing}; "
+                f"a checkpoint holds {sorted(STATES)}"
+            )
+        if not isinstance(states["model"], ModelState) or not isinstance(
+            states["optimizer"], OptimizerState
+        ):
+            raise ValueError(
+                "checkpoint states: 'model' is a ModelState, 'optimizer' an OptimizerState"
+            )
+        return cls(**{name: part for name, part in states.items() if part is not None})
 
     @property
     def saves_scaler(self) -> bool:
         return self.scaler is not None and self.scaler.is_enabled()
+
+
+def train_states(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    pretrained: PretrainedWriter,
+    *,
+    adapter_key_map: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+    **parts: Any,
+) -> dict[str, Any]:
+    """The ``states`` mapping of a wrapped model and its optimizer (the other parts by name)."""
+    model = ModelState(module, adapter_key_map)
+    return {
+        "model": model,
+        "optimizer": OptimizerState(model, optimizer),
+        "pretrained": pretrained,
+        **parts,
+    }

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from lerobot_pipe.checkpoint.manager import CheckpointManager
 from lerobot_pipe.checkpoint.pretrained import PolicyFiles
-from lerobot_pipe.checkpoint.stateful import TrainState
+from lerobot_pipe.checkpoint.stateful import TrainState, train_states
 from lerobot_pipe.datasets.stream_sampler import StreamState
 from lerobot_pipe.datasets.streaming import check_same_revision
 from lerobot_pipe.distributed.activation_checkpointing import (
@@ -116,8 +117,7 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     adapter_keys = adapter_key_map(trainee) if cfg.peft is not None else None
     model, ignored = wrap_for_topology(plan, env, built)
     seed_everything(cfg.seed + env.rank)
-    state = _train_state(plan, env, model, built, adapter_keys)
-    checkpoints.load(state, plan.resume)
+    state = checkpoints.load(_train_states(plan, env, model, built, adapter_keys), plan.resume)
     if env.is_main:
         log.info("\n%s", banner(plan, env, (n_params, n_trainable), built.sharding))
     return Session(
@@ -190,19 +190,20 @@ def wrap_for_topology(
     return model, ignored
 
 
-def _train_state(
+def _train_states(
     plan: TrainingPlan,
     env: DistEnv,
     model: nn.Module,
     built: BuiltPolicy,
     adapter_keys: dict[str, str] | None,
-) -> TrainState:
-    """What a checkpoint holds: the model, optimizer, scheduler, scaler, EMA and stream."""
+) -> dict[str, Any]:
+    """What a checkpoint holds (the manager's ``states``): the model, optimizer, scheduler,
+    scaler, EMA and stream."""
     cfg, trainee = plan.cfg, built.trainee
     # Groups from the (in place sharded) policy itself: LeRobot's grouping and parameter order.
     scaled = cfg.accelerator.mixed_precision == "fp16"
     optimizer = make_optimizer(trainee.get_optim_params(), cfg.optimizer, fused=not scaled)
-    return TrainState.build(
+    return train_states(
         model,
         optimizer,
         PolicyFiles(built.policy, trainee, built.pre, built.post, cfg),

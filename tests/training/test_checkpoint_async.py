@@ -21,7 +21,7 @@ from lerobot_pipe.checkpoint.layout import (
     list_complete_checkpoints,
     prune_checkpoints,
 )
-from lerobot_pipe.checkpoint.stateful import TrainState
+from lerobot_pipe.checkpoint.stateful import TrainState, train_states
 from lerobot_pipe.checkpoint.writer import CheckpointWriter
 
 pytestmark = pytest.mark.torch_range
@@ -244,7 +244,7 @@ def _save_late_branch_run(out, async_save):
     def pretrained(directory, full_state):
         save_file(full_state, directory / "model.safetensors")
 
-    state = TrainState.build(model, optimizer, pretrained)
+    state = TrainState.from_states(train_states(model, optimizer, pretrained))
     writer = CheckpointWriter(
         out,
         total_steps=2,
