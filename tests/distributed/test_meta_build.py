@@ -51,7 +51,10 @@ def _equal(a: dict, b: dict, what: str) -> None:
     assert not bad, f"{what}: {bad[:5]} differ"
 
 
-@pytest.mark.parametrize("policy", ["act", "diffusion"])
+@pytest.mark.parametrize(
+    "policy",
+    ["act", pytest.param("diffusion", marks=pytest.mark.slow)],  # diffusion: ~16 s
+)
 def test_meta_build_is_the_eager_build(
     policy, dataset_root, diffusion_camera_root, tmp_path, monkeypatch
 ):

@@ -23,6 +23,9 @@ from tiny import full_state, losses, run_on_topology, train_one_rank
 
 from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
 
+# Its module fixtures train several topologies (~40 s together): the rest tier.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("transformers", reason="SmolVLA needs transformers: lerobot_pipe[smolvla]")
 
 STEPS, K = 4, 2
