@@ -41,6 +41,7 @@ def _aloha_dataset(root):
     return root
 
 
+@pytest.mark.slow  # a training run and a MuJoCo rollout (~10 s)
 def test_aloha_episode_rolls_out(tmp_path):
     dataset = _aloha_dataset(tmp_path / "ds")
     flags = {

@@ -17,8 +17,8 @@ from lerobot_pipe.checkpoint.resume import validate_checkpoint as validate_check
 from lerobot_pipe.convert import load_dcp_state_dict
 
 POINTS = ["convert:before_replace", "convert:after_replace", "convert:during_delete"]
-# The fast tier keeps one case (the fixture's training run is paid once per tier).
-FAST_POINTS = {"convert:during_delete"}
+# A training run (the fixture) and a conversion killed per case: the rest tier.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +45,7 @@ def _convert(step, fault=None):
     )
 
 
-@pytest.mark.parametrize(
-    "point", [p if p in FAST_POINTS else pytest.param(p, marks=pytest.mark.slow) for p in POINTS]
-)
+@pytest.mark.parametrize("point", POINTS)
 def test_kill_during_conversion(sharded_run, tmp_path, point):
     out = tmp_path / "out"
     shutil.copytree(sharded_run, out, symlinks=True)
