@@ -345,8 +345,19 @@ class MemoryPoll(threading.Thread):
 
 
 def run_once(
-    trainer: str, cmd: list[str], env: dict, warmup: int, timeout_s: float, log_path: Path
+    trainer: str,
+    cmd: list[str],
+    env: dict,
+    warmup: int,
+    timeout_s: float,
+    log_path: Path,
+    *,
+    steps: int,
+    exit_grace_s: float = 120.0,
 ) -> Run:
+    """One run of ``cmd``: its step stamps, CPU and memory. A trainer that logged all its
+    ``steps`` and does not exit within ``exit_grace_s`` after (LeRobot's DDP launch with loader
+    workers has hung at exit) is killed and its steps kept, the hang printed."""
     pattern = STEP_LINE[trainer]
     t0 = time.perf_counter()
     # Its own session: the whole tree (launcher, ranks, loader workers) is killed on any exit.
@@ -378,9 +389,21 @@ def run_once(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        rc = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
+        rc = None
+        while rc is None:
+            try:
+                rc = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                now = time.perf_counter() - t0
+                if steps in stamps and now - stamps[steps] > exit_grace_s:
+                    print(
+                        f"  {trainer}: logged its {steps} steps but had not exited "
+                        f"{exit_grace_s:.0f} s later: killed, its steps kept",
+                        flush=True,
+                    )
+                    rc = 0
+                elif now > timeout_s:
+                    rc = "timeout"
     finally:
         # Leftovers of a finished run, or all of it: the launcher's group, and every descendant
         # seen (torch's launcher starts each rank in a session of its own).
@@ -549,7 +572,9 @@ def main() -> None:
                 cmd = command(trainer, pythons[trainer], cfg, f, cuda)
                 env = trainer_env(trainer, tmp)
                 log_path = tmp / f"{out.name}.log"
-                run = run_once(trainer, cmd, env, args.warmup, args.timeout, log_path)
+                run = run_once(
+                    trainer, cmd, env, args.warmup, args.timeout, log_path, steps=args.steps
+                )
                 results[cfg.name][trainer].append(run)
                 print(
                     f"  {cfg.name:28} {trainer:8} rep {rep}: {1e3 * run.step_s:7.1f} ms/step "
