@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import shutil
 import threading
 from collections import OrderedDict
@@ -45,6 +44,7 @@ from lerobot_pipe.datasets.metadata import (
     read_metadata,
 )
 from lerobot_pipe.datasets.mp4_index import frame_ranges
+from lerobot_pipe.datasets.prefetch import BackgroundCalls
 from lerobot_pipe.datasets.remote_files import BlockFile, RemoteFile, parquet_metadata
 from lerobot_pipe.datasets.transforms import ImageTransforms
 
@@ -160,7 +160,7 @@ class StreamingLeRobotDataset(FrameRows):
         self._lock = threading.Condition(threading.RLock())
         self._opening: set[int] = set()  # groups being opened (outside the lock)
         self._parquet_meta: dict[str, pq.FileMetaData] = {}
-        self._read_ahead = _Background() if video_ranges and read_ahead else None
+        self._read_ahead = BackgroundCalls() if video_ranges and read_ahead else None
         self._read_ahead_asked: OrderedDict[int, None] = OrderedDict()
         self._frame_ranges: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
         shutil.rmtree(self.cache_dir / _VIEWS_DIR, ignore_errors=True)
@@ -500,52 +500,6 @@ class StreamingLeRobotDataset(FrameRows):
         with self._lock:
             for group in list(self._open):
                 self._close_group(group)
-
-
-class _Background:
-    """One daemon thread running submitted calls in order (the read-ahead): a call's failure
-    is logged, not raised (the reader that needs the bytes fetches them itself, with the
-    cache's retries, and fails naming the file). Started on first use in each process."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._start_lock = threading.Lock()
-
-    def submit(self, call) -> None:
-        with self._start_lock:
-            if self._thread is None or self._pid != os.getpid():
-                self._queue = queue.SimpleQueue()
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, args=(self._queue,), daemon=True)
-                self._thread.start()
-            self._queue.put(call)
-
-    @staticmethod
-    def _run(calls: queue.SimpleQueue) -> None:
-        while (call := calls.get()) is not None:
-            try:
-                call()
-            except Exception as exc:
-                log.warning("streaming read-ahead failed (the reader fetches the bytes): %s", exc)
-
-    def drain(self, timeout_s: float) -> None:
-        """Return once the calls submitted so far have run."""
-        done = threading.Event()
-        with self._start_lock:
-            if self._thread is None or self._pid != os.getpid():
-                return
-            self._queue.put(done.set)
-        if not done.wait(timeout_s):
-            raise TimeoutError(f"the read-ahead did not finish within {timeout_s} s")
-
-    def close(self) -> None:
-        with self._start_lock:
-            thread, self._thread = self._thread, None
-            if thread is not None and self._pid == os.getpid():
-                self._queue.put(None)
-                thread.join(timeout=30)
 
 
 def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], size: int) -> dict[str, Any]:
