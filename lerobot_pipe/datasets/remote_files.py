@@ -89,17 +89,19 @@ class ByteRanges:
 
 
 class BlockFile(_RemoteFileBase):
-    """A file over :meth:`HubFileCache.read_blocks` blocks: what a video decoder reads instead of
+    """A file over :meth:`HubFileCache.read_bytes` blocks: what a video decoder reads instead of
     a local copy, so that it fetches the container's index and the blocks of the frames it
-    decodes, not the whole file. Its missing blocks are fetched in one request.
+    decodes, not the whole file. A read's missing blocks are fetched in one request.
 
-    Without ``ranges``, a read fills the buffer whole (up to the end of the file). With
-    ``ranges`` (the bytes this reader means to read: the container's index and its episodes'
-    frames), a read stops at the end of the range it starts in (a short read, which a
-    demuxer's buffered reader takes as such), so that a demuxer filling its 32-64 KiB buffer at
-    the end of an episode does not fetch the next episode's bytes (another rank's); a read
-    outside every range returns at most the rest of its block (fetched alone, up to the next
-    range), the few bytes a demuxer reads past an episode's last frame."""
+    Without ``ranges``, a read fills the buffer whole (up to the end of the file), its missing
+    blocks fetched whole. With ``ranges`` (the bytes this reader means to read: the container's
+    index and its episodes' frames), a read stops at the end of the range it starts in (a short
+    read, which a demuxer's buffered reader takes as such), and the blocks at the range's edges
+    are fetched only within it, so that a demuxer filling its 32-64 KiB buffer at the end of an
+    episode fetches none of the next episode's bytes (another rank's); a read outside every
+    range returns at most the rest of its block (up to the next range), fetched from where it
+    starts: the few bytes a demuxer reads past an episode's last frame or before its first.
+    ``exact``: a read fetches the bytes it asks for, no more (a reader of a container's boxes)."""
 
     def __init__(
         self,
@@ -107,32 +109,31 @@ class BlockFile(_RemoteFileBase):
         path: str,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         ranges: ByteRanges | None = None,
+        exact: bool = False,
     ) -> None:
         super().__init__(cache, path)
         self.block_bytes = block_bytes
         self.ranges = ranges
+        self.exact = exact
 
     def readinto(self, buffer) -> int:
         view = memoryview(buffer).cast("B")
         n = max(0, min(len(view), self.size - self._pos))
         if not n:
             return 0
+        window = (self._pos, self._pos + n) if self.exact else None
         if self.ranges is not None:
             lo, hi, inside = self.ranges.around(self._pos)
             hi = self.size if hi is None else hi
             if not inside:  # the rest of this block, not into the next range
-                hi = min(hi, (self._pos // self.block_bytes + 1) * self.block_bytes)
+                block = self._pos - self._pos % self.block_bytes
+                lo, hi = self._pos, min(hi, block + self.block_bytes)
             n = min(n, hi - self._pos)
-        first, skip = divmod(self._pos, self.block_bytes)
-        last = (self._pos + n - 1) // self.block_bytes
-        done = 0
-        for block in self.cache.read_blocks(self.path, first, last, self.block_bytes):
-            take = min(n - done, len(block) - skip)
-            view[done : done + take] = block[skip : skip + take]
-            done += take
-            skip = 0
-        self._pos += done
-        return done
+            window = (lo, hi)
+        data = self.cache.read_bytes(self.path, self._pos, self._pos + n, self.block_bytes, window)
+        view[:n] = data
+        self._pos += n
+        return n
 
 
 def parquet_metadata(cache: HubFileCache, path: str):

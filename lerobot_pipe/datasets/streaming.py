@@ -464,19 +464,22 @@ class StreamingLeRobotDataset(FrameRows):
     def _index(self, path: str) -> tuple[np.ndarray, np.ndarray] | None:
         """The byte offsets and sizes of the frames of video file ``path`` (its sample tables,
         read once). The first time, the file's ranges start with what every decoder of it reads:
-        the container's parts (before the first frame, after the last) and its last
-        ``video.g`` frames (the opening check decodes the last one, from its key frame)."""
+        the container's parts (before the first frame, after the last), its first frame (the
+        demuxer's probe reads it) and its last ``video.g`` frames (the opening check decodes
+        the last one, from its key frame)."""
         with self._index_lock:
             if path not in self._frame_ranges:
-                index = frame_ranges(BlockFile(self.files, path, self.block_bytes))
+                f = BlockFile(self.files, path, self.block_bytes, exact=True)
+                f.read(64)  # the first box (ftyp) and the next one's header in one request
+                index = frame_ranges(f)
                 if index is not None:
-                    offsets = index[0]
+                    offsets, sizes = index
                     gop = max(
                         int((self.features[k].get("info") or {}).get("video.g") or DEFAULT_GOP)
                         for k in self.video_keys
                     )
                     ranges = ByteRanges()
-                    ranges.add(0, int(offsets.min()))
+                    ranges.add(0, int(offsets[0] + sizes[0]))
                     ranges.add(int(offsets[-gop:].min()), self.files.size(path))
                     self._ranges[path] = ranges
                 self._frame_ranges[path] = index
