@@ -120,9 +120,17 @@ def test_each_rank_reads_only_its_episodes_bytes(small, tmp_path, world, request
 
 
 @pytest.mark.slow
-def test_large_episodes_each_rank_reads_only_its_episodes_bytes(hub_server_module, tmp_path):
-    """4 episodes x 150 frames of 160x160: ~1 MB of video each, more than one request."""
-    repo = "alice/large-episodes"
-    files = upload(hub_server_module, write_noisy(tmp_path / "ds", 4, 150, 160), repo)
+@pytest.mark.parametrize(
+    ("episodes", "length", "size"),
+    [(20, 60, 96), (4, 150, 160)],
+    ids=["issue-42-dataset-147kB-episodes", "1MB-episodes"],
+)
+def test_each_rank_reads_only_its_episodes_bytes_slow(
+    hub_server_module, tmp_path, episodes, length, size
+):
+    """Issue #42's dataset (20 episodes x 60 frames of 96x96, ~147 kB of video each) and larger
+    episodes (4 x 150 frames of 160x160, ~1 MB each: more than one request)."""
+    repo = f"alice/episodes-{episodes}x{length}x{size}"
+    files = upload(hub_server_module, write_noisy(tmp_path / "ds", episodes, length, size), repo)
     for world in (1, 2):
         check_bytes(hub_server_module, repo, files, tmp_path / f"cache{world}", world)
