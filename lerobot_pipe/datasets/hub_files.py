@@ -219,7 +219,8 @@ class HubFileCache:
                         self._lock.wait()
                     continue
             lo, hi = window if window is not None else (0, self.size(path))
-            fetch = _parts(claimed[0], claimed[-1], block_bytes, min(lo, start), max(hi, stop))
+            lo, hi = min(lo, start), min(max(hi, stop), self.size(path))
+            fetch = _parts(claimed[0], claimed[-1], block_bytes, lo, hi)
             with self._lock:
                 parts = self._missing(path, block_bytes, {i: fetch[i] for i in claimed})
             for i, (offset, data) in self._fetch_blocks(path, block_bytes, parts).items():

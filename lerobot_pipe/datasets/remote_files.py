@@ -83,10 +83,6 @@ class ByteRanges:
             after = self._starts[i + 1] if i + 1 < len(self._starts) else None
             return (self._ends[i] if i >= 0 else 0), after, False
 
-    def total(self) -> int:
-        with self._lock:
-            return sum(e - s for s, e in zip(self._starts, self._ends, strict=True))
-
 
 class BlockFile(_RemoteFileBase):
     """A file over :meth:`HubFileCache.read_bytes` blocks: what a video decoder reads instead of
