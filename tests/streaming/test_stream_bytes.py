@@ -17,6 +17,8 @@ import pytest
 from huggingface_hub import HfApi
 
 from lerobot_pipe.datasets import BatchPrefetcher
+from lerobot_pipe.datasets.hub_files import HubFileCache
+from lerobot_pipe.datasets.remote_files import ByteRanges
 from lerobot_pipe.datasets.stream_sampler import StreamSampler
 from lerobot_pipe.datasets.streaming import StreamingLeRobotDataset
 from lerobot_pipe.datasets.synthetic import render
@@ -134,3 +136,45 @@ def test_each_rank_reads_only_its_episodes_bytes_slow(
     files = upload(hub_server_module, write_noisy(tmp_path / "ds", episodes, length, size), repo)
     for world in (1, 2):
         check_bytes(hub_server_module, repo, files, tmp_path / f"cache{world}", world)
+
+
+def test_byte_ranges_merge_and_locate():
+    ranges = ByteRanges()
+    for start, end in [(100, 200), (300, 400), (200, 250), (500, 500), (390, 420)]:
+        ranges.add(start, end)
+    assert ranges.around(150) == (100, 250, True)  # touching ranges merged
+    assert ranges.around(320) == (300, 420, True)  # overlapping ones too
+    assert ranges.around(260) == (250, 300, False)  # the gap around a position
+    assert ranges.around(50) == (0, 100, False) and ranges.around(420) == (420, None, False)
+
+
+def test_parts_of_a_block_are_joined_and_each_byte_is_fetched_once(small, tmp_path):
+    """A block is fetched only within the reader's window; its parts are joined as they come,
+    and a later read fetches only the bytes the block does not hold yet."""
+    hub, _ = small
+    path = "videos/observation.images.top/chunk-000/file-000.mp4"
+    cache = HubFileCache(
+        SMALL, hub.head(SMALL, "dataset"), tmp_path, 1 << 30, endpoint=hub.url, token=hub.token
+    )
+    want = hub.read_file(SMALL, path, repo_type="dataset")
+    hub.clear_requests()
+    reads = [  # (start, stop, window)
+        (1000, 1100, (1000, 5000)),  # block 0's part within the window only
+        (5000, 5100, (5000, 40000)),  # the rest of block 0 within the window
+        (0, 20000, None),  # block 0's first 1000 bytes; block 1 whole
+        (39000, 40100, (39000, 40100)),  # block 2's part within the window
+        (32768, 39100, (32768, 49152)),  # block 2's bytes before it, joined to it
+    ]
+    for start, stop, window in reads:
+        assert cache.read_bytes(path, start, stop, 16384, window) == want[start:stop]
+    sent = [(q.headers["Range"], q.sent) for q in hub.requests if q.method == "GET"]
+    assert sent == [
+        ("bytes=1000-4999", 4000),
+        ("bytes=5000-16383", 11384),
+        ("bytes=0-999", 1000),
+        ("bytes=16384-32767", 16384),
+        ("bytes=39000-40099", 1100),
+        ("bytes=32768-38999", 6232),
+    ]
+    assert cache.read_bytes(path, 0, 40100, 16384) == want[:40100]  # all in memory now
+    assert len([q for q in hub.requests if q.method == "GET"]) == len(sent)
