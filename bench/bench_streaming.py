@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/bench_streaming.py [--episodes 40] [--length 100] [--size 64]
         [--batch 8] [--workers 2] [--reps 2] [--whole-files] [--noise 0]
-        [--layouts packed,per-episode]
+        [--layouts packed,per-episode] [--cameras 2]
 
 Dataset: the synthetic reaching task with two cameras (``top``, ``wrist``, AV1 as LeRobot
-encodes), written twice: ``packed`` (LeRobot's writer defaults: one data file, one mp4 per
+encodes; ``--cameras 1``: ``top`` only), written twice: ``packed`` (LeRobot's writer defaults: one data file, one mp4 per
 camera holding every episode) and ``per-episode`` (one mp4 per episode and camera). Each is
 uploaded to the test Hub (``tests/hub_server.py``, real HTTP on 127.0.0.1, the real
 huggingface_hub client). ACT-like delta timestamps (one frame per camera, 10 actions).
@@ -54,12 +54,18 @@ DELTAS = {"action": [i / 10 for i in range(10)]}
 
 
 def write(
-    root: Path, episodes: int, length: int, size: int, per_episode: bool, noise: float = 0.0
+    root: Path,
+    episodes: int,
+    length: int,
+    size: int,
+    per_episode: bool,
+    noise: float = 0.0,
+    cameras: tuple[str, ...] = CAMERAS,
 ) -> Path:
     features = {
         "observation.state": XY,
         "action": XY,
-        **{f"observation.images.{v}": camera_feature("video", size, size) for v in CAMERAS},
+        **{f"observation.images.{v}": camera_feature("video", size, size) for v in cameras},
     }
     kwargs = {"video_files_size_in_mb": 1e-6} if per_episode else {}
     writer = DatasetWriter(root, 10, features, **kwargs)
@@ -72,7 +78,7 @@ def write(
             "reach",
             {
                 f"observation.images.{v}": _noisy(render(v, state, goal, size), noise, rng)
-                for v in CAMERAS
+                for v in cameras
             },
         )
     writer.finish()
@@ -140,6 +146,7 @@ def main() -> None:
     parser.add_argument("--whole-files", action="store_true", help="fetch video files whole")
     parser.add_argument("--noise", type=float, default=0.0, help="pixel noise std (0-255)")
     parser.add_argument("--layouts", default="packed,per-episode")
+    parser.add_argument("--cameras", type=int, default=2, choices=(1, 2))
     args = parser.parse_args()
     global WHOLE_FILES
     WHOLE_FILES = args.whole_files
@@ -155,6 +162,7 @@ def main() -> None:
                 args.size,
                 layout == "per-episode",
                 args.noise,
+                CAMERAS[: args.cameras],
             )
             repo = f"bench/{layout}"
             api.create_repo(repo, repo_type="dataset")

@@ -114,7 +114,9 @@ class HubError(Exception):
 
 @dataclass(frozen=True)
 class LoggedRequest:
-    """One request the server answered. ``headers``: the request headers, names Title-Cased."""
+    """One request the server answered. ``headers``: the request headers, names Title-Cased;
+    ``sent``: the bytes of the response body written to the socket (0 for HEAD, a dropped
+    connection; half the body for a truncated one)."""
 
     method: str
     path: str
@@ -122,6 +124,7 @@ class LoggedRequest:
     status: int
     headers: dict[str, str]
     time: float
+    sent: int = 0
 
 
 @dataclass
@@ -594,10 +597,10 @@ class HubServer:
             return None
 
     def _record(
-        self, method: str, path: str, query: str, status: int, headers: dict[str, str]
+        self, method: str, path: str, query: str, status: int, headers: dict[str, str], sent: int
     ) -> None:
         with self._lock:
-            self._log.append(LoggedRequest(method, path, query, status, headers, time.time()))
+            self._log.append(LoggedRequest(method, path, query, status, headers, time.time(), sent))
 
     def _sign(self, *parts: object) -> str:
         msg = ":".join(str(p) for p in parts).encode()
@@ -1201,6 +1204,7 @@ class _Handler(BaseHTTPRequestHandler):
         method = self.command
         headers = {key.title(): value for key, value in self.headers.items()}
         status = 500
+        self._sent = 0
         try:
             body = self._read_body()
             query = parse_qs(split.query, keep_blank_values=True)
@@ -1243,7 +1247,7 @@ class _Handler(BaseHTTPRequestHandler):
                 payload = {"error": f"Internal test-server error: {type(err).__name__}: {err}"}
             self._send(status, out_headers, raw, payload)
         finally:
-            hub._record(method, split.path, split.query, status, headers)
+            hub._record(method, split.path, split.query, status, headers, self._sent)
 
     def _send(
         self,
@@ -1263,7 +1267,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(raw[: len(raw) // 2] if truncate else raw)
+            body = raw[: len(raw) // 2] if truncate else raw
+            self.wfile.write(body)
+            self._sent = len(body)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _serve
 

@@ -18,11 +18,13 @@ HTTP (huggingface_hub's URL, headers and session):
 Why not ``hf_hub_download``: its cache keeps every blob (no bound, no eviction), and its retries
 do not cover 429 / 5xx in the middle of a file. Video files need not be fetched whole: a
 :class:`~lerobot_pipe.datasets.remote_files.BlockFile` is a seekable file object over fixed-size
-blocks of a file, each fetched once (:meth:`HubFileCache.read_blocks`, a run of missing blocks
-in one range request, with the same retries) and kept in memory under the same bound, so that a
-decoder reads the container's index and the blocks of the frames it decodes (docs/streaming.md);
-:meth:`HubFileCache.read_ahead` fetches a byte range's blocks before a decoder asks for them.
-Blocks are checked for their length, not against an ETag (only whole files can be).
+blocks of a file, each byte fetched once (:meth:`HubFileCache.read_bytes`, a run of missing
+blocks in one range request, with the same retries) and kept in memory under the same bound, so
+that a decoder reads the container's index and the blocks of the frames it decodes
+(docs/streaming.md); :meth:`HubFileCache.read_ahead` fetches a byte range's blocks before a
+decoder asks for them. A block at the edge of the bytes a reader means to read (its episodes')
+is fetched only in part, the rest left to whoever reads it (another rank). Blocks are checked
+for their length, not against an ETag (only whole files can be).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class _Entry:
     pins: int = 0
     data: bytes | None = None  # a block kept in memory (no file in the cache folder)
     ahead: bool = False  # a block read ahead that no reader has read yet
+    offset: int = 0  # where in the file ``data`` starts (a block may hold a part of its bytes)
 
 
 class HubFileCache:
@@ -110,7 +113,8 @@ class HubFileCache:
         self.bytes_fetched = 0  # body bytes received, retries included
         self.peak_bytes = 0  # the most the cache folder held at once
         self.fetches: dict[str, int] = {}  # path -> times fetched
-        self.block_fetches: dict[str, int] = {}  # path -> blocks of it fetched (read_blocks)
+        self.block_fetches: dict[str, int] = {}  # path -> blocks (or parts) of it fetched
+        self.range_bytes: dict[str, int] = {}  # path -> bytes of it fetched by block
         self.block_requests = 0  # range requests of blocks (on demand and read-ahead)
         self.read_ahead_bytes = 0  # bytes of blocks fetched by read_ahead
         self.request_bytes = DEFAULT_REQUEST_BYTES
@@ -187,48 +191,67 @@ class HubFileCache:
             self.bytes_fetched += len(body)
         return body
 
-    def read_blocks(self, path: str, first: int, last: int, block_bytes: int) -> list[bytes]:
-        """Blocks ``first``..``last`` (``block_bytes`` each, the file's last one shorter) of
-        repository file ``path``. Blocks are kept in memory, counted against the bound and
-        evictable as soon as they are read, so that readers of the same bytes fetch them once;
-        the missing ones are fetched, each run of consecutive missing blocks in one range request
-        (:meth:`_fetch_blocks`); blocks another caller is fetching are waited for."""
-        got: dict[int, bytes] = {}
-        while len(got) <= last - first:
+    def read_bytes(
+        self,
+        path: str,
+        start: int,
+        stop: int,
+        block_bytes: int,
+        window: tuple[int, int] | None = None,
+    ) -> bytes:
+        """Bytes ``start``..``stop`` (exclusive) of repository file ``path``, from its blocks of
+        ``block_bytes``. Blocks are kept in memory, counted against the bound and evictable as
+        soon as they are read, so that readers of the same bytes fetch them once. A missing block
+        is fetched whole, or only its part within ``window`` (the reader's bound, holding
+        ``start``..``stop``: the bytes it means to read), joined to the parts of it already
+        there; each run of consecutive missing ones in one range request (:meth:`_fetch_blocks`);
+        blocks another caller is fetching are waited for."""
+        needs = _parts(start // block_bytes, (stop - 1) // block_bytes, block_bytes, start, stop)
+        got: dict[int, tuple[int, bytes]] = {}
+        while len(got) < len(needs):
             with self._lock:
                 refused = self._refused.pop(path, None)
                 if refused is not None:
                     raise DatasetError(str(refused)) from refused
-                claimed, others = self._claim(path, first, last, block_bytes, got)
+                claimed, others = self._claim(path, block_bytes, needs, got)
                 if not claimed:
                     if others:
                         self._lock.wait()
                     continue
-            got.update(self._fetch_blocks(path, block_bytes, claimed))
-        return [got[i] for i in range(first, last + 1)]
+            lo, hi = window if window is not None else (0, self.size(path))
+            lo, hi = min(lo, start), min(max(hi, stop), self.size(path))
+            fetch = _parts(claimed[0], claimed[-1], block_bytes, lo, hi)
+            with self._lock:
+                parts = self._missing(path, block_bytes, {i: fetch[i] for i in claimed})
+            for i, (offset, data) in self._fetch_blocks(path, block_bytes, parts).items():
+                if offset <= needs[i][0] and needs[i][1] <= offset + len(data):
+                    got[i] = (offset, data)  # else its other bytes were evicted: fetched again
+        return b"".join(
+            got[i][1][a - got[i][0] : b - got[i][0]] for i, (a, b) in sorted(needs.items())
+        )
 
     def read_ahead(self, path: str, start: int, end: int, block_bytes: int) -> int:
-        """Fetch the missing blocks holding bytes ``start``..``end`` of ``path`` before a reader
-        asks for them (a reader asking meanwhile waits for them), in range requests of up to
-        :attr:`request_bytes`; blocks present or being fetched are skipped. It stops while the
-        blocks read ahead and not read yet fill ``1/READ_AHEAD_SHARE`` of the cache, and drops
-        what would not fit next to the pinned files (it never evicts a file in use). The bytes
-        it fetched."""
-        first = start // block_bytes
-        last = min(end, self.size(path) - 1) // block_bytes
+        """Fetch the missing bytes ``start``..``end`` (inclusive) of ``path``, by block (the
+        edge blocks in part), before a reader asks for them (a reader asking meanwhile waits for
+        them), in range requests of up to :attr:`request_bytes`; bytes present or being fetched
+        are skipped. It stops while the blocks read ahead and not read yet fill
+        ``1/READ_AHEAD_SHARE`` of the cache, and drops what would not fit next to the pinned
+        files (it never evicts a file in use). The bytes it fetched."""
+        end = min(end, self.size(path) - 1)
+        first, last = start // block_bytes, end // block_bytes
         per_request = max(1, self.request_bytes // block_bytes)
         size = 0
         # One request's blocks claimed at a time: a reader needing a later block meanwhile
         # fetches it itself rather than wait for the whole range.
         for piece in range(first, last + 1, per_request):
+            needs = _parts(piece, min(piece + per_request - 1, last), block_bytes, start, end + 1)
             with self._lock:
                 if self._ahead + per_request * block_bytes > self.max_bytes // READ_AHEAD_SHARE:
                     break  # enough read ahead and not read yet
-                claimed, _ = self._claim(
-                    path, piece, min(piece + per_request - 1, last), block_bytes, {}
-                )
-            fetched = self._fetch_blocks(path, block_bytes, claimed, optional=True)
-            size += sum(len(b) for b in fetched.values())
+                claimed, _ = self._claim(path, block_bytes, needs, {})
+                parts = self._missing(path, block_bytes, {i: needs[i] for i in claimed})
+            fetched = self._fetch_blocks(path, block_bytes, parts, optional=True)
+            size += sum(parts[i][1] - parts[i][0] for i in fetched)
             if len(fetched) < len(claimed):  # a failed request, or no room
                 break
         with self._lock:
@@ -237,7 +260,7 @@ class HubFileCache:
 
     def hand_over(self, path: str, error: Exception) -> None:
         """A background reader's ``error`` on ``path``: a refusal (404, 401, 403) is raised to the
-        next caller of :meth:`read_blocks` of ``path``; anything else is dropped (that caller
+        next caller of :meth:`read_bytes` of ``path``; anything else is dropped (that caller
         fetches the bytes itself, with the retries)."""
         if getattr(error, "http_status", None) is not None:
             with self._lock:
@@ -248,20 +271,30 @@ class HubFileCache:
         return f"{_BLOCKS_DIR}/{block_bytes}/{path}/{index}"
 
     def _claim(
-        self, path: str, first: int, last: int, block_bytes: int, got: dict[int, bytes]
+        self,
+        path: str,
+        block_bytes: int,
+        needs: dict[int, tuple[int, int]],
+        got: dict[int, tuple[int, bytes]],
     ) -> tuple[list[int], bool]:
-        """Under the lock: blocks ``first``..``last`` of ``path`` not in ``got``: those in
-        memory added to ``got``, the missing ones marked as being fetched (by the caller) and
-        returned, and whether some are being fetched by another caller."""
+        """Under the lock: the blocks of ``path`` whose bytes ``needs`` gives (block -> file
+        bytes ``[a, b)`` of it) and not in ``got``: those in memory with these bytes added to
+        ``got`` (as ``(offset, data)``), the others marked as being fetched (by the caller) and
+        returned in order, and whether some are being fetched by another caller."""
         claimed: list[int] = []
         others = False
-        for i in range(first, last + 1):
+        for i, (a, b) in sorted(needs.items()):
             if i in got:
                 continue
             name = self._block_name(path, block_bytes, i)
             entry = self._entries.get(name)
-            if entry is not None and entry.data is not None:
-                got[i] = entry.data
+            if (
+                entry is not None
+                and entry.data is not None
+                and entry.offset <= a
+                and (b <= entry.offset + len(entry.data))
+            ):
+                got[i] = (entry.offset, entry.data)
                 self._entries.move_to_end(name)
                 if entry.ahead:
                     entry.ahead = False
@@ -273,28 +306,53 @@ class HubFileCache:
                 claimed.append(i)
         return claimed, others
 
+    def _missing(
+        self, path: str, block_bytes: int, parts: dict[int, tuple[int, int]]
+    ) -> dict[int, tuple[int, int]]:
+        """Under the lock: the file bytes ``[a, b)`` ``parts`` gives of each block, less those
+        of the block in memory, which a block holds as one run: a part apart from it is
+        stretched to meet it (the bytes between fetched too, at most a block's), a part on
+        both sides of it fetched before it first (then the rest)."""
+        out = {}
+        for i, (a, b) in parts.items():
+            entry = self._entries.get(self._block_name(path, block_bytes, i))
+            if entry is not None and entry.data is not None:
+                lo, hi = entry.offset, entry.offset + entry.size
+                if lo <= a <= hi < b or hi < a:
+                    a = hi
+                elif a < lo <= b or b < lo:
+                    b = lo
+            out[i] = (a, b)
+        return out
+
     def _fetch_blocks(
-        self, path: str, block_bytes: int, claimed: list[int], *, optional: bool = False
-    ) -> dict[int, bytes]:
-        """Fetch the ``claimed`` blocks of ``path`` (marked as being fetched: unmarked here,
-        whatever happens): each run of consecutive ones in range requests of up to
-        :attr:`request_bytes` (each with :meth:`_request`'s retries and length check), kept in
-        memory. ``optional`` (read-ahead): a block is dropped rather than evict a pinned file,
-        and a failed request ends the fetch without raising: after its retries, a reader fetches
-        the blocks again; a refusal (404, 401, 403) is raised to the file's next reader."""
+        self,
+        path: str,
+        block_bytes: int,
+        parts: dict[int, tuple[int, int]],
+        *,
+        optional: bool = False,
+    ) -> dict[int, tuple[int, bytes]]:
+        """Fetch the file bytes ``[a, b)`` ``parts`` gives of each of its blocks (claimed: marked
+        as being fetched, unmarked here whatever happens): each run of consecutive ones in range
+        requests of up to :attr:`request_bytes` (each with :meth:`_request`'s retries and length
+        check), kept in memory, joined to the block's other bytes there; ``(offset, data)`` of
+        each. ``optional`` (read-ahead): a block is dropped rather than evict a pinned file, and
+        a failed request ends the fetch without raising: after its retries, a reader fetches the
+        bytes again; a refusal (404, 401, 403) is raised to the file's next reader."""
         per_request = max(1, self.request_bytes // block_bytes)
         runs: list[list[int]] = []
-        for i in claimed:
-            if runs and i == runs[-1][-1] + 1 and len(runs[-1]) < per_request:
-                runs[-1].append(i)
+        for i in sorted(parts):
+            run = runs[-1] if runs else None
+            joins = run and i == run[-1] + 1 and parts[run[-1]][1] == parts[i][0]
+            if joins and len(run) < per_request:
+                run.append(i)
             else:
                 runs.append([i])
-        size = self.size(path)
-        got: dict[int, bytes] = {}
+        got: dict[int, tuple[int, bytes]] = {}
         try:
             for run in runs:
-                start = run[0] * block_bytes
-                end = min((run[-1] + 1) * block_bytes, size) - 1
+                start, end = parts[run[0]][0], parts[run[-1]][1] - 1
                 try:
                     body = self.read_range(path, start, end)
                 except DatasetError as exc:
@@ -306,26 +364,39 @@ class HubFileCache:
                 with self._lock:
                     self.block_requests += 1
                     self.block_fetches[path] = self.block_fetches.get(path, 0) + len(run)
-                for k, i in enumerate(run):
-                    block = body[k * block_bytes : (k + 1) * block_bytes]
-                    got[i] = block
-                    self._keep_block(self._block_name(path, block_bytes, i), block, optional)
+                    self.range_bytes[path] = self.range_bytes.get(path, 0) + len(body)
+                for i in run:
+                    a, b = parts[i]
+                    name = self._block_name(path, block_bytes, i)
+                    got[i] = self._keep_block(name, a, body[a - start : b - start], optional)
         finally:
             with self._lock:
                 self._loading.difference_update(
-                    self._block_name(path, block_bytes, i) for i in claimed
+                    self._block_name(path, block_bytes, i) for i in parts
                 )
                 self._lock.notify_all()
         return got
 
-    def _keep_block(self, name: str, data: bytes, optional: bool) -> None:
+    def _keep_block(self, name: str, offset: int, data: bytes, optional: bool) -> tuple[int, bytes]:
+        """Keep bytes ``data`` (from file offset ``offset``) of block ``name``, joined to its
+        bytes in memory where they touch; the block's ``(offset, data)`` then."""
+        with self._lock:
+            old = self._entries.get(name)
+            if old is not None and old.data is not None:
+                lo, hi = min(offset, old.offset), max(offset + len(data), old.offset + old.size)
+                if hi - lo <= len(data) + old.size:  # they touch or overlap: one run of bytes
+                    joined = bytearray(hi - lo)
+                    joined[old.offset - lo : old.offset - lo + old.size] = old.data
+                    joined[offset - lo : offset - lo + len(data)] = data
+                    offset, data = lo, bytes(joined)
         if not self._make_room(name, len(data), optional=optional):
-            return
+            return offset, data
         with self._lock:
             entry = self._entries[name]
-            entry.data, entry.pins, entry.ahead = data, 0, optional
+            entry.data, entry.offset, entry.pins, entry.ahead = data, offset, 0, optional
             self._ahead += entry.size if optional else 0
             self.peak_bytes = max(self.peak_bytes, self._used)
+        return offset, data
 
     def store(self, name: str, data: bytes) -> Path:
         """Keep ``data`` (made from repository files, e.g. an episode's rows) in the cache as
@@ -379,6 +450,7 @@ class HubFileCache:
                 old = self._entries.pop(path, None)  # rewritten (a reopened group's rows)
                 if old is not None:
                     self._used -= old.size
+                    self._ahead -= old.size if old.ahead else 0
                 used = self._evict_unpinned(size)
                 if used + size <= self.max_bytes:
                     # Held as pinned while it downloads, so that no other fetch takes its room.
@@ -497,3 +569,13 @@ class HubFileCache:
         with self._lock:
             self.fetches[path] = self.fetches.get(path, 0) + 1
         return size
+
+
+def _parts(
+    first: int, last: int, block_bytes: int, start: int, stop: int
+) -> dict[int, tuple[int, int]]:
+    """Blocks ``first``..``last`` -> the file bytes ``[a, b)`` of each within ``start``..``stop``."""
+    return {
+        i: (max(start, i * block_bytes), min(stop, (i + 1) * block_bytes))
+        for i in range(first, last + 1)
+    }

@@ -11,6 +11,9 @@ position), however many workers ran before or after.
 from __future__ import annotations
 
 import copy
+import logging
+import os
+import queue
 import threading
 from typing import Any
 
@@ -22,6 +25,8 @@ from lerobot_pipe.datasets.lerobot_dataset import LeRobotDataset
 from lerobot_pipe.datasets.sampler import GlobalBatchSampler
 from lerobot_pipe.datasets.transforms import sample_keys
 from lerobot_pipe.utils import faults
+
+log = logging.getLogger(__name__)
 
 _POLL_S = 0.1
 Batch = dict[str, Any]  # tensors, and the "task" strings (a list)
@@ -192,3 +197,49 @@ class BatchPrefetcher:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class BackgroundCalls:
+    """One daemon thread running submitted calls in order (the read-ahead): a call's failure
+    is logged, not raised (the reader that needs the bytes fetches them itself, with the
+    cache's retries, and fails naming the file). Started on first use in each process."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._start_lock = threading.Lock()
+
+    def submit(self, call) -> None:
+        with self._start_lock:
+            if self._thread is None or self._pid != os.getpid():
+                self._queue = queue.SimpleQueue()
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, args=(self._queue,), daemon=True)
+                self._thread.start()
+            self._queue.put(call)
+
+    @staticmethod
+    def _run(calls: queue.SimpleQueue) -> None:
+        while (call := calls.get()) is not None:
+            try:
+                call()
+            except Exception as exc:
+                log.warning("streaming read-ahead failed (the reader fetches the bytes): %s", exc)
+
+    def drain(self, timeout_s: float) -> None:
+        """Return once the calls submitted so far have run."""
+        done = threading.Event()
+        with self._start_lock:
+            if self._thread is None or self._pid != os.getpid():
+                return
+            self._queue.put(done.set)
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"the read-ahead did not finish within {timeout_s} s")
+
+    def close(self) -> None:
+        with self._start_lock:
+            thread, self._thread = self._thread, None
+            if thread is not None and self._pid == os.getpid():
+                self._queue.put(None)
+                thread.join(timeout=30)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import shutil
 import threading
 from collections import OrderedDict
@@ -37,7 +36,12 @@ from lerobot_pipe.configs.train import ImageTransformsConfig
 from lerobot_pipe.constants import DATASET_VIDEO_PATH
 from lerobot_pipe.datasets.hub_files import DEFAULT_BLOCK_BYTES, HubFileCache
 from lerobot_pipe.datasets.hub_revision import fetch_metadata, resolve_revision
-from lerobot_pipe.datasets.lerobot_dataset import DEFAULT_TOLERANCE_S, FrameRows, LeRobotDataset
+from lerobot_pipe.datasets.lerobot_dataset import (
+    DEFAULT_GOP,
+    DEFAULT_TOLERANCE_S,
+    FrameRows,
+    LeRobotDataset,
+)
 from lerobot_pipe.datasets.metadata import (
     DatasetError,
     episode_first_tasks,
@@ -45,7 +49,8 @@ from lerobot_pipe.datasets.metadata import (
     read_metadata,
 )
 from lerobot_pipe.datasets.mp4_index import frame_ranges
-from lerobot_pipe.datasets.remote_files import BlockFile, RemoteFile, parquet_metadata
+from lerobot_pipe.datasets.prefetch import BackgroundCalls
+from lerobot_pipe.datasets.remote_files import BlockFile, ByteRanges, RemoteFile, parquet_metadata
 from lerobot_pipe.datasets.transforms import ImageTransforms
 
 log = logging.getLogger(__name__)
@@ -160,9 +165,14 @@ class StreamingLeRobotDataset(FrameRows):
         self._lock = threading.Condition(threading.RLock())
         self._opening: set[int] = set()  # groups being opened (outside the lock)
         self._parquet_meta: dict[str, pq.FileMetaData] = {}
-        self._read_ahead = _Background() if video_ranges and read_ahead else None
+        self._read_ahead = BackgroundCalls() if video_ranges and read_ahead else None
         self._read_ahead_asked: OrderedDict[int, None] = OrderedDict()
         self._frame_ranges: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
+        # Per video file, the bytes this rank reads (its decoders' bound): the container's parts
+        # and the frames of the episodes asked for (get_batch, read-ahead).
+        self._ranges: dict[str, ByteRanges] = {}
+        self._spanned: set[int] = set()  # episode positions whose frames are in the ranges
+        self._index_lock = threading.Lock()
         shutil.rmtree(self.cache_dir / _VIEWS_DIR, ignore_errors=True)
 
     def _read_episode_table(self) -> None:
@@ -251,6 +261,8 @@ class StreamingLeRobotDataset(FrameRows):
         position = np.searchsorted(starts, idx, side="right") - 1
         local = idx - starts[position] + self._group_offset[position]
         group = self._episode_group[position]
+        if self.video_ranges:  # the decoders' bound, before they read
+            self._span_episodes(np.unique(position).tolist())
         if self._read_ahead is not None:
             self._ask_read_ahead(np.unique(position).tolist())
         parts: list[tuple[np.ndarray, dict[str, Any]]] = []
@@ -415,35 +427,70 @@ class StreamingLeRobotDataset(FrameRows):
     def _read_episode_ahead(self, pos: int) -> None:
         """Fetch the bytes of the frames of the episode at position ``pos`` in each of its
         video files (in the background thread)."""
-        starts, ends = self._episode_bounds
-        length = int(ends[pos] - starts[pos])
         for key, path in zip(self.video_keys, self._files_at(pos)[1:], strict=True):
             try:
-                if path not in self._frame_ranges:
-                    self._frame_ranges[path] = frame_ranges(self._block_file_of(path))
-                index = self._frame_ranges[path]
-                column = f"videos/{key}/from_timestamp"
-                if index is None or column not in self._table:
-                    continue
-                offsets, sizes = index
-                first = int(round(float(self._table[column][pos]) * self.fps))
-                last = min(first + length, len(offsets))
-                if first >= last:
-                    continue
-                start = int(offsets[first:last].min())
-                end = int((offsets[first:last] + sizes[first:last]).max()) - 1
-                self.files.read_ahead(path, start, end, self.block_bytes)
+                span = self._episode_span(pos, key, path)
+                if span is not None:
+                    self.files.read_ahead(path, span[0], span[1] - 1, self.block_bytes)
             except DatasetError as exc:
                 log.warning("%s: reading ahead failed: %s", path, exc)
                 self.files.hand_over(path, exc)
 
-    def _block_file_of(self, path: str) -> BlockFile:
-        return BlockFile(self.files, path, self.block_bytes)
+    def _span_episodes(self, positions: list[int]) -> None:
+        """Add the frames of the episodes at ``positions`` to their video files' ranges."""
+        for pos in positions:
+            if pos not in self._spanned:
+                for key, path in zip(self.video_keys, self._files_at(pos)[1:], strict=True):
+                    self._episode_span(pos, key, path)
+                self._spanned.add(pos)
+
+    def _episode_span(self, pos: int, key: str, path: str) -> tuple[int, int] | None:
+        """Bytes ``[start, end)`` of the frames of the episode at position ``pos`` in video file
+        ``path`` (of camera ``key``), added to the file's ranges; None without sample tables."""
+        index = self._index(path)
+        column = f"videos/{key}/from_timestamp"
+        if index is None or column not in self._table:
+            return None
+        offsets, sizes = index
+        starts, ends = self._episode_bounds
+        first = int(round(float(self._table[column][pos]) * self.fps))
+        last = min(first + int(ends[pos] - starts[pos]), len(offsets))
+        if first >= last:
+            return None
+        span = int(offsets[first:last].min()), int((offsets[first:last] + sizes[first:last]).max())
+        self._ranges[path].add(*span)
+        return span
+
+    def _index(self, path: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """The byte offsets and sizes of the frames of video file ``path`` (its sample tables,
+        read once). The first time, the file's ranges start with what every decoder of it reads:
+        the container's parts (before the first frame, after the last), its first frame (the
+        demuxer's probe reads it) and its last ``video.g`` frames (the opening check decodes
+        the last one, from its key frame)."""
+        with self._index_lock:
+            if path not in self._frame_ranges:
+                f = BlockFile(self.files, path, self.block_bytes, exact=True)
+                f.read(64)  # the first box (ftyp) and the next one's header in one request
+                index = frame_ranges(f)
+                if index is not None:
+                    offsets, sizes = index
+                    gop = max(
+                        int((self.features[k].get("info") or {}).get("video.g") or DEFAULT_GOP)
+                        for k in self.video_keys
+                    )
+                    ranges = ByteRanges()
+                    ranges.add(0, int(offsets[0] + sizes[0]))
+                    ranges.add(int(offsets[-gop:].min()), self.files.size(path))
+                    self._ranges[path] = ranges
+                self._frame_ranges[path] = index
+            return self._frame_ranges[path]
 
     def _block_file(self, local: Path) -> BlockFile:
-        """The file object a decoder reads view file ``local`` (a video file) from."""
+        """The file object a decoder reads view file ``local`` (a video file) from, bounded by
+        the file's ranges."""
         path = local.relative_to(self.cache_dir / _VIEWS_DIR).as_posix().split("/", 1)[1]
-        return self._block_file_of(path)
+        self._index(path)
+        return BlockFile(self.files, path, self.block_bytes, self._ranges.get(path))
 
     def _episode_rows(self, group: int, path: str, episodes: list[int]) -> tuple[Path, str]:
         """The rows of ``episodes`` of data file ``path``, read over HTTP ranges (the footer and
@@ -500,52 +547,6 @@ class StreamingLeRobotDataset(FrameRows):
         with self._lock:
             for group in list(self._open):
                 self._close_group(group)
-
-
-class _Background:
-    """One daemon thread running submitted calls in order (the read-ahead): a call's failure
-    is logged, not raised (the reader that needs the bytes fetches them itself, with the
-    cache's retries, and fails naming the file). Started on first use in each process."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._start_lock = threading.Lock()
-
-    def submit(self, call) -> None:
-        with self._start_lock:
-            if self._thread is None or self._pid != os.getpid():
-                self._queue = queue.SimpleQueue()
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, args=(self._queue,), daemon=True)
-                self._thread.start()
-            self._queue.put(call)
-
-    @staticmethod
-    def _run(calls: queue.SimpleQueue) -> None:
-        while (call := calls.get()) is not None:
-            try:
-                call()
-            except Exception as exc:
-                log.warning("streaming read-ahead failed (the reader fetches the bytes): %s", exc)
-
-    def drain(self, timeout_s: float) -> None:
-        """Return once the calls submitted so far have run."""
-        done = threading.Event()
-        with self._start_lock:
-            if self._thread is None or self._pid != os.getpid():
-                return
-            self._queue.put(done.set)
-        if not done.wait(timeout_s):
-            raise TimeoutError(f"the read-ahead did not finish within {timeout_s} s")
-
-    def close(self) -> None:
-        with self._start_lock:
-            thread, self._thread = self._thread, None
-            if thread is not None and self._pid == os.getpid():
-                self._queue.put(None)
-                thread.join(timeout=30)
 
 
 def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], size: int) -> dict[str, Any]:

@@ -218,13 +218,43 @@ class Reader(Protocol):
     def close(self) -> None: ...
 
 
+class _ShortReads:
+    """A file object as torchcodec should read it: torchcodec's reader calls ``read`` until the
+    demuxer's buffer (32-64 KiB) is full or a read returns nothing, where FFmpeg's own readers
+    take a short read as it is. A short read of ``f`` (a
+    :class:`~lerobot_pipe.datasets.remote_files.BlockFile` at the end of the bytes it means to
+    read) therefore ends the loop: the read after it, at the same position, returns nothing
+    once; FFmpeg asks again when it needs the bytes."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self._stopped_at: int | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        pos = self._f.tell()
+        if self._stopped_at == pos:
+            self._stopped_at = None
+            return b""
+        data = self._f.read(size)
+        self._stopped_at = pos + len(data) if data and 0 <= len(data) < size else None
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._stopped_at = None
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+
 class TorchCodecReader:
     """torchcodec's VideoDecoder, as LeRobot opens it (approximate seek mode, one thread)."""
 
     def __init__(self, path: Path | Any) -> None:
         from torchcodec.decoders import VideoDecoder
 
-        source = str(path) if isinstance(path, Path) else path  # a path or a file object
+        # A path or a file object (its short reads ending torchcodec's read loop).
+        source = str(path) if isinstance(path, Path) else _ShortReads(path)
         self._decoder = VideoDecoder(source, seek_mode="approximate", num_ffmpeg_threads=1)
         metadata = self._decoder.metadata
         self.num_frames = int(metadata.num_frames or 0)

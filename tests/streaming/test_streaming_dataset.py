@@ -226,10 +226,10 @@ def test_each_rank_fetches_only_the_files_of_its_episodes(hub_repo, camera_root,
         episodes = sorted(set(dataset.episode_index[rows].tolist()))
         shares.append(episodes)
         videos = {f for e in episodes for f in dataset.episode_files(e)[1:]}
-        blocks = dataset.files.block_fetches
-        assert set(blocks) == videos and not dataset.files.fetches  # only its episodes' mp4s
-        for path, n in blocks.items():  # each block of them at most once
-            assert n <= -(-dataset.files.size(path) // dataset.block_bytes)
+        fetched_bytes = dataset.files.range_bytes
+        assert set(fetched_bytes) == videos and not dataset.files.fetches  # its episodes' mp4s
+        for path, n in fetched_bytes.items():  # each byte of them at most once
+            assert n <= dataset.files.size(path)
         fetched.append(dataset.files.bytes_fetched)
         dataset.close()
     assert not set(shares[0]) & set(shares[1]) and sorted(shares[0] + shares[1]) == EPISODES
@@ -327,9 +327,7 @@ def test_two_ranks_read_about_their_share_of_one_packed_mp4(hub_repo, tmp_path):
         sampler = StreamSampler(dataset.episode_bounds, 4, rank, 2, seed=0)
         rows, epochs = sampler.draws(rank, 0, len(dataset))
         dataset.get_batch(rows[epochs == 0])
-        fetched.append(
-            dataset.files.block_fetches[mp4.relative_to(root).as_posix()] * dataset.block_bytes
-        )
+        fetched.append(dataset.files.range_bytes[mp4.relative_to(root).as_posix()])
         dataset.close()
     # Measured: 0.56 of the file each, 1.13 together (whole files: 2.0).
     assert all(f < 0.7 * mp4.stat().st_size for f in fetched)
@@ -377,8 +375,9 @@ def test_read_ahead_fetches_an_episode_in_coalesced_requests_retried_under_fault
         assert hub_repo.pending_faults == 0  # every fault met by the read-ahead, and retried
         assert dataset.files.read_ahead_bytes > 0
         requests = dataset.files.block_requests
-        # The blocks of both cameras' frames in requests of up to 4 blocks (plus the index).
-        assert requests <= 2 + -(-dataset.files.read_ahead_bytes // 4096) + 2
+        # The blocks of both cameras' frames in requests of up to 4 blocks, plus each mp4's
+        # index (two requests: the first box and the next one's header, then the moov).
+        assert requests <= 2 * 2 + -(-dataset.files.read_ahead_bytes // 4096) + 2
         hub_repo.clear_requests()
         assert_same_samples(map_style.get_batch(rows), dataset.get_batch(rows))
         decoder_gets = [q for q in hub_repo.requests if "/videos/" in q.path and q.method == "GET"]
