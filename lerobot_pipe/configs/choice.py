@@ -48,6 +48,11 @@ class ChoiceRegistry:
         try:
             return cls._choices[name]
         except KeyError:
+            why = getattr(cls, "refused_choices", {}).get(name)
+            if why is not None:
+                raise ValueError(
+                    f"{cls.choice_kind} type {name!r} is not built here: {why}"
+                ) from None
             raise ValueError(
                 f"unknown {cls.choice_kind} type {name!r}; known types: {cls.known_choices()}"
             ) from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lerobot_pipe.configs.choice import ChoiceRegistry
 from lerobot_pipe.configs.parser import ConfigError, from_dict, to_dict
@@ -71,6 +71,14 @@ class PreTrainedConfig(ChoiceRegistry, choice_base=True, choice_kind="policy"):
     False here (LeRobot: True), so that a run without ``--policy.repo_id`` does not fail.
     """
 
+    # LeRobot policy types refused by name, with the reason.
+    refused_choices: ClassVar[dict[str, str]] = {
+        "pi0_fast": (
+            "pi0-FAST predicts FAST action tokens through a tokenizer built from remote code "
+            "(lerobot/fast-action-tokenizer, trust_remote_code) when the policy is constructed; "
+            "train --policy.type=pi0 or pi05 (flow matching, sharded here)"
+        ),
+    }
     n_obs_steps: int = 1  # observation frames the policy sees per prediction
     # name -> {"type", "shape"} of the policy's inputs (default: from the dataset)
     input_features: dict[str, dict] = field(default_factory=dict)
@@ -168,6 +176,10 @@ class PreTrainedConfig(ChoiceRegistry, choice_base=True, choice_kind="policy"):
             [defaults.rename, defaults.to_batch, defaults.to_device, defaults.normalize],
             [defaults.unnormalize, defaults.to_cpu],
         )
+
+    def sharding_problem(self) -> str | None:
+        """Why this config cannot be sharded (FSDP2/HSDP), or None; checked before launch."""
+        return None
 
     def publish_problem(self) -> str | None:
         """Why a published checkpoint of this config could not be rebuilt by others (e.g. it

@@ -169,19 +169,29 @@ class PreTrainedPolicy(nn.Module, abc.ABC):
         if config is None:
             config = cls.config_class.from_pretrained(path)
         policy = cls(config, pretrained_parts=False)  # every weight comes from the file
-        state_dict = load_file(str(model_file), device="cpu")
+        file_state = load_file(str(model_file), device="cpu")
+        mapping, ignored = policy.map_file_keys(set(file_state))
+        state_dict = {name: file_state[key] for name, key in mapping.items()}
+        unread = sorted(set(file_state) - set(mapping.values()) - ignored)
         try:
             result = policy.load_state_dict(state_dict, strict=False)
         except RuntimeError as err:
             raise RuntimeError(f"cannot load {model_file}: {err}") from err
-        if strict and (result.missing_keys or result.unexpected_keys):
+        unexpected = sorted({*result.unexpected_keys, *unread})
+        if strict and (result.missing_keys or unexpected):
             raise RuntimeError(
                 f"{model_file} does not match {cls.__name__}: "
-                f"missing keys {result.missing_keys}, unexpected keys {result.unexpected_keys}"
+                f"missing keys {result.missing_keys}, unexpected keys {unexpected}"
             )
         policy.to(map_location)
         policy.eval()
         return policy
+
+    def map_file_keys(self, file_keys: set[str]) -> tuple[dict[str, str], set[str]]:
+        """Where each state-dict entry is in a ``model.safetensors`` with ``file_keys``:
+        (state-dict key -> file key, file keys to ignore). The identity here; a policy whose
+        published files use other names (pi0's openpi-style keys) maps them."""
+        return {key: key for key in file_keys}, set()
 
     def pretrained_weight_sources(self) -> list[tuple[str, str, Path | dict[str, Path]]]:
         """Parts built on the meta device (distributed/meta_init.py) whose weights the eager

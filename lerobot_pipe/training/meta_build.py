@@ -174,15 +174,17 @@ def _checkpoint_names(model_file: Path, policy: PreTrainedPolicy, state: dict, t
 
     with safe_open(str(model_file), framework="pt", device="cpu") as handle:
         file_keys = set(handle.keys())
-    missing, unexpected = sorted(set(state) - file_keys), sorted(file_keys - set(state))
+    mapping, ignored = policy.map_file_keys(file_keys)
+    missing = sorted(set(state) - set(mapping))
+    unexpected = sorted((file_keys - set(mapping.values()) - ignored) | (set(mapping) - set(state)))
     if missing or unexpected:
         raise RuntimeError(
             f"{model_file} does not match {type(policy).__name__}: missing keys {missing}, "
             f"unexpected keys {unexpected}"
         )
-    key_of = {id(t): k for k, t in state.items()}
+    key_of = {id(t): mapping[k] for k, t in state.items()}
     names = {name: key_of[id(t)] for name, t in destinations(trainee).items() if id(t) in key_of}
-    return safetensors_source(model_file, names), frozenset(file_keys)
+    return safetensors_source(model_file, names), frozenset(file_keys - ignored)
 
 
 def _pretrained_part_names(sources: list, state: dict, trainee: nn.Module):

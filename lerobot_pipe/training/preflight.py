@@ -135,6 +135,8 @@ def make_plan(
     cfg, source_step = parse_train_config(argv)
     cfg = resolve_config(cfg)
     dims = _resolve_topology(cfg, world_size)
+    if dims.is_sharded and (problem := cfg.policy.sharding_problem()):
+        raise ConfigError(problem)
     if (
         cfg.peft is not None
         and cfg.checkpoint_format is not CheckpointFormat.SAFETENSORS

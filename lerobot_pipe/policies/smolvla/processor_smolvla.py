@@ -11,6 +11,7 @@ transformers is imported only when a tokenizer step is built.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,7 +60,18 @@ def load_tokenizer(name: str) -> Any:
         from transformers import AutoTokenizer
     except ImportError as err:
         raise ImportError(TRANSFORMERS_HINT) from err
-    return AutoTokenizer.from_pretrained(name)
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except OSError as err:
+        if Path(name).expanduser().exists():
+            raise
+        # Gated repositories (PaliGemma's tokenizer) need the license accepted and a token.
+        raise OSError(
+            f"cannot load the tokenizer {name!r}: {err}\nIf it is a gated Hub repository, "
+            f"accept its license at https://huggingface.co/{name} and log in with "
+            "`hf auth login` (or set HF_TOKEN); offline, it must already be in the Hub cache "
+            "(HF_HUB_CACHE)"
+        ) from err
 
 
 @register_step
