@@ -8,10 +8,14 @@ with exactly these sizes. At the image size 56 and patch 14 a camera is 16 image
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 # openpi's dummy Gemma (src/openpi/models/gemma.py), for the PaliGemma and the action expert.
 DUMMY_GEMMA = dict(width=64, depth=4, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16)
@@ -195,3 +199,20 @@ def build_paligemma_tokenizer(hf_home: Path) -> Path:
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(sha)
     return snapshot
+
+
+@contextlib.contextmanager
+def paligemma_tokenizer_cache(hf_home: Path) -> Iterator[Path]:
+    """The tiny tokenizer built into ``hf_home`` and this process (huggingface_hub's constants,
+    read at each call) and its subprocesses (the environment) pointed at that Hub cache, offline,
+    while the context lasts."""
+    from huggingface_hub import constants
+
+    build_paligemma_tokenizer(hf_home)
+    cache = str(Path(hf_home) / "hub")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(constants, "HF_HUB_CACHE", cache)
+        mp.setattr(constants, "HF_HUB_OFFLINE", True)
+        mp.setenv("HF_HUB_CACHE", cache)
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        yield Path(cache)

@@ -1,0 +1,232 @@
+"""pi0 and pi0.5 against LeRobot 0.6.1 itself (its Python, torch 2.11 and transformers 5.5), both
+ways, on the dummy geometry in fp32 (issue #38 item 3):
+
+- its configs' fields and defaults are ours (a ``pi0_base`` / ``pi05_base``-style config.json
+  loads here);
+- our checkpoint (with its processors) loads in LeRobot's PI0Policy / PI05Policy with every
+  tensor equal to the file's after loading (LeRobot's pi ``from_pretrained`` keeps random weights
+  where a load fails: checked tensor by tensor) and exactly its key set; on the same raw batch
+  both give the same tokens and prompts, the same loss from the same noise and time (1e-5) and
+  the same actions from the same noise (1e-4);
+- a LeRobot-initialised, LeRobot-saved policy loads here strictly and gives LeRobot's numbers;
+  both sides save the same processor steps.
+
+LeRobot runs in its own environment (tests/upstream.py) as one subprocess for all jobs, driven by
+lerobot_pi_driver.py, which patches LeRobot to build the dummy geometry (tests/pi_tiny.py); the
+tokenizer is a tiny one placed in the Hub cache under PaliGemma's name.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from pi_tiny import (
+    ACTION_DIM,
+    CAMERAS,
+    MAX_DIM,
+    STATE_DIM,
+    lerobot_defaults,
+    lerobot_pi_config,
+    paligemma_tokenizer_cache,
+    write_config,
+)
+from safetensors.torch import load_file, save_file
+from upstream import find_upstream
+
+pytest.importorskip("transformers", reason="pi0's tokenizer needs transformers")
+
+from lerobot_pipe.configs.parser import to_dict  # noqa: E402
+from lerobot_pipe.configs.policies import PreTrainedConfig  # noqa: E402
+from lerobot_pipe.policies.factory import get_policy_class, make_pre_post_processors  # noqa: E402
+
+UPSTREAM, WHY_NOT = find_upstream()
+DRIVER = Path(__file__).with_name("lerobot_pi_driver.py")
+B, CHUNK = 2, 4
+KINDS = ("pi0", "pi05")
+TASKS = ["pick up the cube", "put_it in the box\n"]
+
+
+def _stats() -> dict:
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for key, dim in (("observation.state", STATE_DIM), ("action", ACTION_DIM)):
+        low = -1 - torch.rand(dim, generator=g)
+        high = 1 + torch.rand(dim, generator=g)
+        out[key] = {
+            "mean": (torch.rand(dim, generator=g) - 0.5).tolist(),
+            "std": (0.5 + torch.rand(dim, generator=g)).tolist(),
+            "min": (low - 0.2).tolist(),
+            "max": (high + 0.2).tolist(),
+            "q01": low.tolist(),
+            "q99": high.tolist(),
+        }
+    return out
+
+
+STATS = _stats()
+
+pytestmark = [pytest.mark.interop, pytest.mark.skipif(UPSTREAM is None, reason=WHY_NOT)]
+
+
+def raw_inputs(seed: int = 7) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    inputs = {key: torch.rand(B, *shape, generator=g) for key, shape in sorted(CAMERAS.items())}
+    return {
+        **inputs,
+        "observation.state": torch.randn(B, STATE_DIM, generator=g),
+        "action": torch.randn(B, CHUNK, ACTION_DIM, generator=g),
+        "action_is_pad": torch.tensor([[False] * CHUNK, [False, False, True, True]]),
+        "noise": torch.randn(B, CHUNK, MAX_DIM, generator=g),
+        "time": torch.tensor([0.3, 0.85]),
+    }
+
+
+def ours(folder: Path, inputs: dict[str, torch.Tensor], tasks: list[str] = TASKS) -> dict:
+    """Our policy and processors loaded from ``folder``, run as the driver runs LeRobot's."""
+    from lerobot_pipe.policies.peft import load_pretrained_policy
+
+    policy = load_pretrained_policy(folder)
+    pre, post = make_pre_post_processors(
+        policy.config,
+        pretrained_path=folder,
+        preprocessor_overrides={
+            "device_processor": {"device": "cpu"},
+            "rename_observations_processor": {"rename_map": {}},
+        },
+    )
+    batch = {k: v for k, v in inputs.items() if k not in ("noise", "time")}
+    processed = pre({**batch, "task": list(tasks)})
+    with torch.no_grad():
+        loss, _ = policy(dict(processed), noise=inputs["noise"], time=inputs["time"])
+        per_sample, _ = policy(
+            dict(processed), noise=inputs["noise"], time=inputs["time"], reduction="none"
+        )
+    actions = policy.predict_action_chunk(dict(processed), noise=inputs["noise"])
+    return {
+        "tokens": processed["observation.language.tokens"],
+        "mask": processed["observation.language.attention_mask"],
+        "state": processed["observation.state"],
+        "loss": loss.reshape(1),
+        "per_sample": per_sample,
+        "actions": actions,
+        "actions_post": post(actions),
+        "keys": sorted(policy.state_dict()),
+        "policy": policy,
+    }
+
+
+def save_ours(kind: str, folder: Path, seed: int) -> Path:
+    """Our freshly initialised policy for LeRobot's tiny config, saved with its processors."""
+    config = PreTrainedConfig.from_pretrained(write_config(folder, lerobot_pi_config(kind)))
+    torch.manual_seed(seed)
+    policy = get_policy_class(kind)(config)
+    policy.save_pretrained(folder)
+    stats = {k: {s: torch.tensor(v) for s, v in d.items()} for k, d in STATS.items()}
+    pre, post = make_pre_post_processors(config, dataset_stats=stats)
+    pre.save_pretrained(folder)
+    post.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Our checkpoints and LeRobot's for both policies, and every job's results, from one
+    LeRobot process."""
+    tmp = tmp_path_factory.mktemp("pi_interop")
+    with paligemma_tokenizer_cache(tmp / "hf"):
+        inputs = raw_inputs()
+        save_file(inputs, str(tmp / "inputs.safetensors"))
+        jobs, out = [], {}
+        for kind in KINDS:
+            mine = save_ours(kind, tmp / f"ours_{kind}", seed=0)
+            theirs = tmp / f"lerobot_{kind}"
+            jobs += [
+                {"kind": "defaults", "policy": kind},
+                {"kind": "init_and_save", "config_dir": str(mine), "seed": 1, "stats": STATS,
+                 "out_dir": str(theirs)},
+                {"kind": "run", "policy_dir": str(mine), "inputs": str(tmp / "inputs.safetensors"),
+                 "tasks": TASKS, "out": str(tmp / f"lerobot_on_ours_{kind}.safetensors")},
+                {"kind": "run", "policy_dir": str(theirs),
+                 "inputs": str(tmp / "inputs.safetensors"), "tasks": TASKS,
+                 "out": str(tmp / f"lerobot_on_theirs_{kind}.safetensors")},
+            ]  # fmt: skip
+            out[kind] = {"mine": mine, "theirs": theirs}
+        (tmp / "jobs.json").write_text(json.dumps(jobs))
+        UPSTREAM.run_script(
+            DRIVER, tmp / "jobs.json", tmp / "results.json", home=tmp / "hf", timeout=600
+        )
+        results = json.loads((tmp / "results.json").read_text())
+        for i, kind in enumerate(KINDS):
+            r = results[4 * i : 4 * i + 4]
+            mine, theirs = out[kind]["mine"], out[kind]["theirs"]
+            out[kind] |= {
+                "defaults": r[0],
+                "saved": r[1],
+                "on_ours": {**load_file(str(tmp / f"lerobot_on_ours_{kind}.safetensors")), **r[2]},
+                "on_theirs": {
+                    **load_file(str(tmp / f"lerobot_on_theirs_{kind}.safetensors")),
+                    **r[3],
+                },
+                "ours_on_ours": ours(mine, inputs),
+                "ours_on_theirs": ours(theirs, inputs),
+            }
+        yield out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_config_fields_and_defaults_are_lerobots(runs, kind, tmp_path):
+    theirs = dict(runs[kind]["defaults"])
+    assert theirs == {k: v for k, v in lerobot_defaults(kind).items() if k != "type"}
+    mine = to_dict(PreTrainedConfig.get_choice_class(kind)())
+    mine.pop("type")
+    # Documented: push_to_hub defaults to false here; LeRobot resolves device when building.
+    assert theirs.pop("push_to_hub") is True and mine.pop("push_to_hub") is False
+    theirs.pop("device"), mine.pop("device")
+    assert mine == theirs
+    # A pi0_base-style config.json (LeRobot's encoding) loads here.
+    (tmp_path / "config.json").write_text(json.dumps({"type": kind, **runs[kind]["defaults"]}))
+    loaded = PreTrainedConfig.from_pretrained(tmp_path)
+    assert loaded.type == kind and tuple(loaded.image_resolution) == (224, 224)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_our_checkpoint_loads_in_lerobot_tensor_by_tensor(runs, kind):
+    on_ours = runs[kind]["on_ours"]
+    assert on_ours["mismatched"] == on_ours["missing"] == on_ours["unexpected"] == []
+    assert on_ours["keys"] == runs[kind]["ours_on_ours"]["keys"]
+    assert on_ours["keys"] == sorted(load_file(str(runs[kind]["mine"] / "model.safetensors")))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_lerobot_checkpoint_loads_here_with_its_keys(runs, kind):
+    saved = runs[kind]["saved"]
+    assert sorted(saved["keys"]) == runs[kind]["ours_on_theirs"]["keys"]
+    policy = runs[kind]["ours_on_theirs"]["policy"]
+    assert sum(p.numel() for p in policy.parameters()) == saved["parameters"]
+    file = load_file(str(runs[kind]["theirs"] / "model.safetensors"))
+    for key, value in policy.state_dict().items():
+        assert torch.equal(value, file[key]), key
+
+
+@pytest.mark.parametrize("which", ["ours", "theirs"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_tokens_loss_and_actions(runs, kind, which):
+    lerobot, mine = runs[kind][f"on_{which}"], runs[kind][f"ours_on_{which}"]
+    assert torch.equal(mine["tokens"], lerobot["tokens"])
+    assert torch.equal(mine["mask"], lerobot["mask"])
+    torch.testing.assert_close(mine["state"], lerobot["state"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(mine["loss"], lerobot["loss"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(mine["per_sample"], lerobot["per_sample"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(mine["actions"], lerobot["actions"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(mine["actions_post"], lerobot["actions_post"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_both_save_the_same_processor_steps(runs, kind):
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+        mine = json.loads((runs[kind]["mine"] / name).read_text())
+        theirs = json.loads((runs[kind]["theirs"] / name).read_text())
+        assert mine == theirs, name
