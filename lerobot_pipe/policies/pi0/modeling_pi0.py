@@ -35,7 +35,7 @@ from lerobot_pipe.policies.smolvla.processor_smolvla import (
     OBS_LANGUAGE_ATTENTION_MASK,
     OBS_LANGUAGE_TOKENS,
 )
-from lerobot_pipe.utils.random import keyed_normal, stream_id
+from lerobot_pipe.utils.random import keyed_normal, keyed_uniform, stream_id
 
 NOISE_STREAM = stream_id("pi.noise")
 TIME_STREAM = stream_id("pi.time")
@@ -351,13 +351,15 @@ class PiPolicyBase(PreTrainedPolicy):
         keys = batch.get(SAMPLE_KEY)
         if keys is not None:
             noise = keyed_normal(keys, NOISE_STREAM, shape[1:]).to(device)
-            draws = [
-                np.random.default_rng((int(k), TIME_STREAM)).beta(
-                    cfg.time_sampling_beta_alpha, cfg.time_sampling_beta_beta
-                )
-                for k in keys.tolist()
-            ]
-            t = torch.tensor(draws, dtype=torch.float32, device=device)
+            alpha, beta = cfg.time_sampling_beta_alpha, cfg.time_sampling_beta_beta
+            if beta == 1.0:  # Beta(alpha, 1) by inversion: u ** (1 / alpha)
+                t = keyed_uniform(keys, TIME_STREAM, 1)[:, 0].to(device) ** (1.0 / alpha)
+            else:  # any Beta: one generator per sample key
+                draws = [
+                    np.random.default_rng((int(k), TIME_STREAM)).beta(alpha, beta)
+                    for k in keys.tolist()
+                ]
+                t = torch.tensor(draws, dtype=torch.float32, device=device)
         else:
             noise = torch.randn(shape, device=device)
             beta = torch.distributions.Beta(

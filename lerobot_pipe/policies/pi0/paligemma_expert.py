@@ -447,7 +447,7 @@ class PaliGemmaWithExpertModel(nn.Module):
         mask: Tensor,
         positions: Tensor,
         cond: Tensor | None,
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor | None, Tensor]:
         lm, ex = self.language_model.layers[i], self.expert.layers[i]
         q0, k0, v0, gate0 = lm.qkv(prefix, None)
         q1, k1, v1, gate1 = ex.qkv(suffix, cond)
@@ -456,20 +456,20 @@ class PaliGemmaWithExpertModel(nn.Module):
         value = torch.cat([v0, v1], dim=2)
         att = attend(lm.self_attn, query, key, value, mask)
         p = prefix.shape[1]
+        suffix = ex.finish(att[:, p:], suffix, gate1, cond)
         if i == len(self.language_model.layers) - 1:
-            new_prefix = prefix  # the last layer's prefix output feeds nothing
-        else:
-            new_prefix = lm.finish(att[:, :p], prefix, gate0, None)
-        return new_prefix, ex.finish(att[:, p:], suffix, gate1, cond)
+            return None, suffix  # the last layer's prefix output feeds nothing
+        return lm.finish(att[:, :p], prefix, gate0, None), suffix
 
     def _prefix_layer(
         self, i: int, prefix: Tensor, mask: Tensor, positions: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         layer = self.language_model.layers[i]
         q, k, v, gate = layer.qkv(prefix, None)
         q, k = rope(q, positions), rope(k, positions)
+        v = v.contiguous()  # a unit's outputs are no views (FSDP2 hooks them)
         if i == len(self.language_model.layers) - 1:
-            return k, v, prefix
+            return k, v, None  # the last layer's prefix output feeds nothing
         return k, v, layer.finish(attend(layer.self_attn, q, k, v, mask), prefix, gate, None)
 
     def _suffix_layer(
