@@ -95,8 +95,10 @@ class PiConfigBase(PreTrainedConfig):
     which ``select_action`` plays ``n_action_steps``.
 
     ``dtype`` bfloat16 stores the language model and the expert in bf16 (norms, vision tower and
-    projector stay float32, as LeRobot's); sharded runs refuse it (FSDP2 needs one dtype per
-    unit): use float32 with ``--accelerator.mixed_precision=bf16`` instead.
+    projector stay float32, as LeRobot's). FSDP2 needs one dtype among a unit's trainable
+    parameters: a sharded run trains it with ``--accelerator.mixed_precision=bf16`` (trainable
+    parameters kept in float32, bf16 compute; frozen ones, a LoRA base, stay bf16) and refuses
+    it without, before launch, naming the unit (distributed/parallelize.check_unit_dtypes).
     """
 
     paligemma_variant: str = "gemma_2b"  # gemma_2b, gemma_300m (or dummy: tests)
@@ -279,15 +281,6 @@ class PiConfigBase(PreTrainedConfig):
         )
 
     def sharding_problem(self) -> str | None:
-        if self.dtype == "bfloat16":
-            return (
-                "--policy.dtype=bfloat16 stores each Gemma decoder layer's projections in bf16 "
-                "beside its float32 norms (input_layernorm, post_attention_layernorm, as "
-                "LeRobot's), and FSDP2 needs one dtype among a unit's trainable parameters (unit "
-                "model.paligemma_with_expert.paligemma.model.language_model.layers.0 would hold "
-                "both); shard with --policy.dtype=float32 --accelerator.mixed_precision=bf16 "
-                "(float32 master weights, bf16 compute)"
-            )
         if self.compile_model:
             return (
                 "--policy.compile_model=true: torch.compile of a sharded pi model is not built "
