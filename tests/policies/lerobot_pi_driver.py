@@ -25,6 +25,9 @@ Usage: python lerobot_pi_driver.py <jobs.json> <results.json>; each job is a dic
   and state, the loss (mean) and per-sample loss (reduction="none") from the given noise
   (B, chunk_size, max_action_dim) and time (B,), the action chunk from the given noise and the
   postprocessed chunk. Returns the state-dict keys and the prompts the tokenizer was given.
+  With ``dataset_root``: the policy as lerobot-eval builds it (``make_policy``, which takes the
+  PEFT path for an adapter folder; the adapter's tensors are checked against its file).
+- "train": LeRobot's own lerobot-train with the job's ``argv``, in this (patched) process.
 """
 
 from __future__ import annotations
@@ -205,13 +208,47 @@ def _prompts(pre) -> list[list[str]]:
     return seen
 
 
+def _as_lerobot_eval_loads(folder: Path, dataset_root: str) -> tuple[object, object, dict]:
+    """The policy as lerobot-eval builds it (``make_policy``: the PEFT path for an adapter
+    folder), its base model and what was checked: a plain policy tensor by tensor against its
+    file; an adapter's LoRA tensors against adapter_model.safetensors."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+    from lerobot.policies.factory import make_policy
+
+    config = PreTrainedConfig.from_pretrained(str(folder))
+    config.pretrained_path = folder
+    config.device = "cpu"
+    meta = LeRobotDatasetMetadata("local/pi", root=dataset_root)
+    policy = make_policy(config, ds_meta=meta)
+    if not hasattr(policy, "get_base_model"):
+        return policy, policy, _loaded_as_filed(policy, folder)
+    from peft import get_peft_model_state_dict
+
+    adapter = get_peft_model_state_dict(policy)
+    filed = load_file(str(folder / "adapter_model.safetensors"))
+    mismatched = sorted(
+        k for k in adapter.keys() & filed.keys() if not torch.equal(adapter[k], filed[k])
+    )
+    checked = {
+        "mismatched": mismatched,
+        "missing": sorted(adapter.keys() - filed.keys()),
+        "unexpected": sorted(filed.keys() - adapter.keys()),
+        "adapter_keys": sorted(adapter),
+        "peft": type(policy).__name__,
+    }
+    return policy, policy.get_base_model(), checked
+
+
 def run(job: dict) -> dict:
     folder = Path(job["policy_dir"])
-    config = PreTrainedConfig.from_pretrained(str(folder))
-    _, policy_class = POLICIES[config.type]
-    policy = policy_class.from_pretrained(str(folder))
+    if "dataset_root" in job:
+        policy, base, checked = _as_lerobot_eval_loads(folder, job["dataset_root"])
+    else:
+        config = PreTrainedConfig.from_pretrained(str(folder))
+        _, policy_class = POLICIES[config.type]
+        policy = base = policy_class.from_pretrained(str(folder))
+        checked = _loaded_as_filed(policy, folder)
     policy.eval()
-    checked = _loaded_as_filed(policy, folder)
     pre, post = make_pre_post_processors(
         policy.config,
         pretrained_path=str(folder),
@@ -226,11 +263,11 @@ def run(job: dict) -> dict:
     batch["task"] = list(job["tasks"])
     processed = pre(batch)
     noise, time = raw["noise"], raw["time"]
-    with torch.no_grad(), _drawn(policy.model, noise, time):
+    with torch.no_grad(), _drawn(base.model, noise, time):
         loss, _ = policy.forward(dict(processed))
         per_sample, _ = policy.forward(dict(processed), reduction="none")
-    policy.reset()
-    actions = policy.predict_action_chunk(dict(processed), noise=noise)
+    base.reset()
+    actions = base.predict_action_chunk(dict(processed), noise=noise)
     out = {
         "tokens": processed["observation.language.tokens"],
         "mask": processed["observation.language.attention_mask"],
@@ -241,16 +278,30 @@ def run(job: dict) -> dict:
         "actions_post": post(actions),
     }
     save_file({k: v.contiguous() for k, v in out.items()}, job["out"])
-    return {"keys": sorted(policy.state_dict()), "prompts": prompts, **checked}
+    return {"keys": sorted(base.state_dict()), "prompts": prompts, **checked}
 
 
-KINDS = {"defaults": defaults, "init_and_save": init_and_save, "run": run}
+def train(job: dict) -> dict:
+    """LeRobot's own lerobot-train (in this process, so that the dummy variant is patched in)
+    with the job's ``argv``."""
+    from lerobot.scripts.lerobot_train import main as train_main
+
+    argv = sys.argv
+    sys.argv = ["lerobot-train", *job["argv"]]
+    try:
+        train_main()
+    finally:
+        sys.argv = argv
+    return {}
+
+
+KINDS = {"defaults": defaults, "init_and_save": init_and_save, "run": run, "train": train}
 
 
 def main() -> None:
-    jobs = json.loads(Path(sys.argv[1]).read_text())
-    results = [KINDS[job["kind"]](job) for job in jobs]
-    Path(sys.argv[2]).write_text(json.dumps(results))
+    jobs_file, results_file = Path(sys.argv[1]), Path(sys.argv[2])
+    results = [KINDS[job["kind"]](job) for job in json.loads(jobs_file.read_text())]
+    results_file.write_text(json.dumps(results))
 
 
 if __name__ == "__main__":

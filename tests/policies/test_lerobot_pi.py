@@ -230,3 +230,181 @@ def test_both_save_the_same_processor_steps(runs, kind):
         mine = json.loads((runs[kind]["mine"] / name).read_text())
         theirs = json.loads((runs[kind]["theirs"] / name).read_text())
         assert mine == theirs, name
+
+
+# --- sharded checkpoints both ways ------------------------------------------------------------
+
+FSDP2 = ["--parallelism.dp_shard=2", "--checkpoint_format=dcp"]
+TRAINED_TASKS = ["Reach it.", "Move the point to the goal."]
+
+
+def tiny_flags(kind: str) -> dict:
+    """The dummy geometry as command-line flags (LeRobot's and ours alike)."""
+    return {
+        "policy.type": kind,
+        "policy.paligemma_variant": "dummy",
+        "policy.action_expert_variant": "dummy",
+        "policy.chunk_size": CHUNK,
+        "policy.n_action_steps": CHUNK,
+        "policy.max_state_dim": MAX_DIM,
+        "policy.max_action_dim": MAX_DIM,
+        "policy.num_inference_steps": 3,
+        "policy.image_resolution": "[56,56]",
+    }
+
+
+def train_flags(root: Path, out: Path, **changes) -> list[str]:
+    flags = {
+        "dataset.root": str(root),
+        "steps": 2,
+        "batch_size": 2,
+        "num_workers": 0,
+        "output_dir": str(out),
+        **changes,
+    }
+    return [f"--{k}={v}" for k, v in flags.items()]
+
+
+def trained_inputs() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    return {
+        "observation.images.top": torch.rand(B, 3, 56, 56, generator=g),
+        "observation.state": torch.randn(B, 2, generator=g),
+        "action": torch.randn(B, CHUNK, 2, generator=g),
+        "noise": torch.randn(B, CHUNK, MAX_DIM, generator=g),
+        "time": torch.tensor([0.5, 0.05]),
+    }
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> dict:
+    """LeRobot's own lerobot-train runs pi0.5 (2 steps); here, on FSDP2 (2 processes, converted):
+    a pi0.5 from scratch, LoRA (LeRobot's default targets) on LeRobot's checkpoint, and LeRobot's
+    checkpoint fine-tuned with ``--policy.path`` (checkpoints at steps 1 and 2) then resumed from
+    step 1. LeRobot loads the first two as lerobot-eval does and runs them."""
+    from launch import run_distributed
+    from tiny import run_train
+
+    from lerobot_pipe.datasets import write_synthetic_dataset
+    from lerobot_pipe.scripts.convert_dcp import main as convert_dcp
+
+    tmp = tmp_path_factory.mktemp("pi_sharded_interop")
+    root = write_synthetic_dataset(
+        tmp / "ds", num_episodes=2, episode_length=8, cameras=["top"], image_size=56,
+        pixels_only=True, num_tasks=2,
+    )  # fmt: skip
+    with paligemma_tokenizer_cache(tmp / "hf"):
+        theirs = tmp / "lerobot_run"
+        lerobot_argv = train_flags(
+            root, theirs, **tiny_flags("pi05"), **{"dataset.repo_id": "local/pi"},
+            **{"wandb.enable": "false", "policy.device": "cpu", "policy.push_to_hub": "false"},
+        )  # fmt: skip
+        (tmp / "train.json").write_text(json.dumps([{"kind": "train", "argv": lerobot_argv}]))
+        UPSTREAM.run_script(
+            DRIVER, tmp / "train.json", tmp / "train_results.json", home=tmp / "hf", timeout=600
+        )
+        assert json.loads((tmp / "train_results.json").read_text()) == [{}]
+        lerobot = theirs / "checkpoints/000002/pretrained_model"
+        lora = {"policy.path": str(lerobot), "peft.r": 4, "policy.optimizer_lr": 0.01}
+        fine_tune = {"policy.path": str(lerobot), "save_freq": 1, "log_freq": 1}
+        folders = {}
+        for name, flags in [
+            ("fsdp2", tiny_flags("pi05")),
+            ("lora", lora),
+            ("fine_tune", fine_tune),
+        ]:
+            out = tmp / name
+            run_distributed(run_train, 2, [*train_flags(root, out, **flags), *FSDP2])
+            assert convert_dcp([f"--checkpoint_dir={out / 'checkpoints/000002'}"]) == 0
+            folders[name] = out / "checkpoints/000002/pretrained_model"
+        resumed = tmp / "resumed"
+        resume = [
+            "--resume=true",
+            f"--config_path={tmp / 'fine_tune/checkpoints/000001'}",
+            f"--output_dir={resumed}",
+            "--steps=2",
+        ]
+        run_distributed(run_train, 2, resume)
+        inputs = tmp / "inputs_trained.safetensors"
+        save_file(trained_inputs(), str(inputs))
+        jobs = [
+            {"kind": "run", "policy_dir": str(folders[name]), "inputs": str(inputs),
+             "tasks": TRAINED_TASKS, "dataset_root": str(root),
+             "out": str(tmp / f"{name}.safetensors")}
+            for name in ("fsdp2", "lora")
+        ]  # fmt: skip
+        (tmp / "jobs.json").write_text(json.dumps(jobs))
+        UPSTREAM.run_script(
+            DRIVER, tmp / "jobs.json", tmp / "results.json", home=tmp / "hf", timeout=600
+        )
+        results = json.loads((tmp / "results.json").read_text())
+        raw = load_file(str(inputs))
+        yield {
+            **{
+                f"on_{name}": {**load_file(str(tmp / f"{name}.safetensors")), **result}
+                for name, result in zip(("fsdp2", "lora"), results, strict=True)
+            },
+            "ours_on_fsdp2": ours(folders["fsdp2"], raw, TRAINED_TASKS),
+            "ours_on_lora": ours(folders["lora"], raw, TRAINED_TASKS),
+            "ours_on_lerobot": ours(lerobot, raw, TRAINED_TASKS),
+            "folders": folders,
+            "lerobot": lerobot,
+            "fine_tune": tmp / "fine_tune",
+            "resumed": resumed,
+        }
+
+
+def test_our_converted_fsdp2_checkpoint_loads_in_lerobot_tensor_by_tensor(sharded):
+    on = sharded["on_fsdp2"]
+    assert on["mismatched"] == on["missing"] == on["unexpected"] == []
+    keys = sorted(load_file(str(sharded["folders"]["fsdp2"] / "model.safetensors")))
+    assert on["keys"] == keys == sharded["ours_on_fsdp2"]["keys"]
+
+
+def test_our_fsdp2_lora_adapter_loads_in_lerobot_with_every_tensor(sharded):
+    """LeRobot took the PEFT path (config.json's use_peft; the base named by adapter_config.json)
+    and its PeftModel holds exactly the adapter file's tensors, on LeRobot's default targets."""
+    folder = sharded["folders"]["lora"]
+    assert not (folder / "model.safetensors").exists()
+    assert json.loads((folder / "config.json").read_text())["use_peft"] is True
+    on = sharded["on_lora"]
+    assert on["peft"] == "PeftModel" and on["mismatched"] == on["missing"] == on["unexpected"] == []
+    adapter = sorted(load_file(str(folder / "adapter_model.safetensors")))
+    assert on["adapter_keys"] == adapter
+    modules = {k.split(".lora_")[0].removeprefix("base_model.model.model.") for k in adapter}
+    expert = "paligemma_with_expert.gemma_expert.model.layers"
+    assert modules == {
+        *(f"{expert}.{i}.self_attn.{p}_proj" for i in range(4) for p in "qv"),
+        "action_in_proj", "action_out_proj",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("which", ["fsdp2", "lora"])
+def test_same_tokens_loss_and_actions_on_our_sharded_checkpoints(sharded, which):
+    lerobot, mine = sharded[f"on_{which}"], sharded[f"ours_on_{which}"]
+    assert torch.equal(lerobot["tokens"], mine["tokens"])
+    assert torch.equal(lerobot["mask"], mine["mask"])
+    torch.testing.assert_close(mine["loss"], lerobot["loss"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(mine["per_sample"], lerobot["per_sample"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(mine["actions"], lerobot["actions"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(mine["actions_post"], lerobot["actions_post"], atol=1e-4, rtol=0)
+    if which == "lora":  # the adapter acts: its base alone gives other actions
+        base = sharded["ours_on_lerobot"]["actions"]
+        assert (lerobot["actions"] - base).abs().max() > 100 * 1e-5
+
+
+def test_we_fine_tune_lerobots_trained_pi05_on_fsdp2_and_resume(sharded):
+    """--policy.path=<a pi0.5 trained by LeRobot's own lerobot-train> trains here on FSDP2 from
+    LeRobot's weights; resumed from its step-1 checkpoint it goes on as the uninterrupted run."""
+    from tiny import losses
+
+    tuned = load_file(str(sharded["folders"]["fine_tune"] / "model.safetensors"))
+    start = load_file(str(sharded["lerobot"] / "model.safetensors"))
+    assert tuned.keys() == start.keys()
+    head = "model.paligemma_with_expert.paligemma.lm_head.weight"
+    assert torch.equal(tuned[head], start[head])  # never used: LeRobot's, unchanged
+    out = "model.action_out_proj.weight"
+    assert not torch.equal(tuned[out], start[out])  # trained from LeRobot's
+    uninterrupted, resumed = losses(sharded["fine_tune"]), losses(sharded["resumed"])
+    assert uninterrupted.keys() == {1, 2} and resumed.keys() == {2}
+    assert abs(resumed[2] - uninterrupted[2]) < 1e-6
