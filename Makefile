@@ -28,7 +28,7 @@ RUN ?= $(shell $(PY) -c "import yaml; print(yaml.safe_load(open('config/config.y
 LEROBOT_VENV ?= .venv-lerobot
 PY312 ?= $(firstword $(wildcard $(shell pyenv prefix 3.12.1 2>/dev/null)/bin/python3.12) \
 	$(shell command -v python3.12 2>/dev/null))
-LEROBOT_061 := "lerobot[training,diffusion,peft,smolvla,pusht]==0.6.1" torch==2.11.0 torchvision==0.26.0
+LEROBOT_061 := "lerobot[training,diffusion,peft,smolvla,pi,pusht]==0.6.1" torch==2.11.0 torchvision==0.26.0
 LEROBOT_044_OVERLAY := lerobot==0.4.4 draccus==0.10.0 pyyaml-include==1.4.1 pyserial==3.5 \
 	deepdiff==8.6.1 orderly-set==5.5.0 imageio==2.37.0 transformers==4.57.1 huggingface_hub==0.35.3
 ifneq ($(LEROBOT_UPSTREAM_PYTHON),)

@@ -35,7 +35,7 @@ DEFAULT_044_OVERLAY = DEFAULT_VENV / "overlay-0.4.4"
 UPSTREAM_VERSION = "0.6.1"
 INSTALL_HINT = (
     "install Python 3.12 (e.g. `pyenv install 3.12.1`) and run `make lerobot-venv`, or set "
-    f"{ENV_PYTHON}=<a venv with lerobot[training,diffusion,peft,smolvla]=={UPSTREAM_VERSION}>/bin/python"
+    f"{ENV_PYTHON}=<a venv with lerobot[training,diffusion,peft,smolvla,pi]=={UPSTREAM_VERSION}>/bin/python"
 )
 # Variables of ours or of a launcher that must not reach LeRobot's processes.
 _DROPPED = ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_")
