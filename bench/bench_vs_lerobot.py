@@ -25,9 +25,15 @@ the shared libraries' pages, which differ with the page cache between two venvs)
 (ours loads in threads of the rank process). Each configuration runs ``--reps`` times, LeRobot and
 ours alternating (which goes first rotates); medians are reported, ratio = ours / LeRobot.
 
-Configurations (``--only`` picks by name, or by policy: ``--only smolvla``): ACT state-only,
-ACT with one and with two cameras, Diffusion Policy with two cameras, SmolVLA small (one camera,
-the dataset written with 4 task strings); each with ``--num_workers`` 0 and 2 (``--workers``), on
+Configurations (``--only`` picks by name, or by policy: ``--only smolvla``, ``--only pi0,pi05``):
+ACT state-only, ACT with one and with two cameras, Diffusion Policy with two cameras, SmolVLA
+small (one camera, the dataset written with 4 task strings), pi0 and pi0.5 on the dummy geometry
+(``pi0-dummy``, ``pi05-dummy``: that dataset; ``--policy.paligemma_variant=dummy
+--policy.action_expert_variant=dummy --policy.image_resolution=[56,56]``, LeRobot's defaults
+otherwise; LeRobot 0.6.1 cannot build the dummy variant, so its side runs
+bench/lerobot_pi_train.py, lerobot-train with tests/policies/lerobot_pi_driver.py's patch, started
+as the console script is, and both read the tiny tokenizer of tests/pi_tiny.py from their Hub
+cache, offline); each with ``--num_workers`` 0 and 2 (``--workers``), on
 one process and DDP on 2 (``--procs``). On CPU: fp32, batch 8, one intra-op thread per process,
 the issue-19 ACT (dim_model 256, 4 encoder layers, chunk 20, ResNet-18 from random weights), a
 smaller Diffusion U-Net (down_dims 128/256/512) and SmolVLA on a local SmolVLM folder that both
@@ -36,8 +42,8 @@ fp32 weights, nothing downloaded; the "small" geometry of bench/_common.py: text
 layers, vision 384 wide, 4 layers, 128x128 frames; SmolVLA's defaults otherwise: chunk 50, the
 expert 0.75 as wide, cross-attention every other layer, the VLM frozen). On a CUDA machine (torch
 in ``--ours-python`` sees a GPU): LeRobot's default sizes (SmolVLA: SmolVLM2-500M's geometry,
-random weights, 512x512 frames), bf16 autocast on both sides; otherwise the script says what it
-would run there. SmolVLA needs transformers beside each trainer (``make lerobot-venv
+random weights, 512x512 frames; pi0 / pi0.5 stay dummy), bf16 autocast on both sides;
+otherwise the script says what it would run there. SmolVLA needs transformers beside each trainer (``make lerobot-venv
 bench-venv``: ``lerobot[smolvla]`` there, ``.[smolvla]`` here); each side has its own release
 (LeRobot 0.6.1 pins 5.4-5.5, this project needs 5.18+ for huggingface_hub 2). The machine's load average is printed before and after: on a shared machine
 the times are noisy, compare ratios of the same run.
@@ -58,6 +64,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +89,18 @@ DIFFUSION_CPU = {"policy.down_dims": "[128,256,512]"}
 SMOLVLA_VLM = {False: "small", True: "smolvlm2-500m"}
 SMOLVLA_CPU = {"policy.num_vlm_layers": 4, "policy.resize_imgs_with_padding": "[128,128]"}
 SMOLVLA_TASKS = 4  # task strings of its dataset (episode e gets task e % 4)
+# pi0 / pi0.5 on the dummy geometry (openpi's dummy Gemma for both stacks, the tiny SigLIP of
+# tests/pi_tiny.py), LeRobot's defaults otherwise; the 96x96 camera resized to 56x56 (patch 14:
+# 16 image tokens) by each side's own resize-with-pad. LeRobot 0.6.1 cannot build "dummy": its
+# side runs bench/lerobot_pi_train.py (lerobot-train with tests/policies/lerobot_pi_driver.py's
+# patch) in place of the console script.
+PI_POLICIES = ("pi0", "pi05")
+PI_DUMMY = {
+    "policy.paligemma_variant": "dummy",
+    "policy.action_expert_variant": "dummy",
+    "policy.image_resolution": "[56,56]",
+}
+LEROBOT_PI_TRAIN = REPO / "bench" / "lerobot_pi_train.py"
 # ours: "step 12/40 loss 0.41 ..."; LeRobot: "step:12 smpl:96 ep:0 epch:0.10 loss:0.410 ..."
 STEP_LINE = {
     "ours": re.compile(r"\bstep (\d+)/\d+ loss "),
@@ -91,7 +110,7 @@ STEP_LINE = {
 
 @dataclass(frozen=True)
 class Config:
-    policy: str  # act | diffusion | smolvla
+    policy: str  # act | diffusion | smolvla | pi0 | pi05
     cameras: tuple[str, ...]
     workers: int
     procs: int
@@ -100,13 +119,16 @@ class Config:
     def model(self) -> str:
         if self.policy == "smolvla":
             return "smolvla-small"
+        if self.policy in PI_POLICIES:
+            return f"{self.policy}-dummy"
         cams = {0: "state-only", 1: "1cam", 2: "2cam"}[len(self.cameras)]
         return f"{self.policy}-{cams}"
 
     @property
     def dataset(self) -> tuple[tuple[str, ...], int]:
         """(cameras, task strings) of the dataset it trains on."""
-        return self.cameras, SMOLVLA_TASKS if self.policy == "smolvla" else 1
+        language = self.policy == "smolvla" or self.policy in PI_POLICIES
+        return self.cameras, SMOLVLA_TASKS if language else 1
 
     @property
     def name(self) -> str:
@@ -138,9 +160,12 @@ def model_configs(only: list[str] | None) -> list[tuple[str, tuple[str, ...]]]:
         ("act", ("top", "wrist")),
         ("diffusion", ("top", "wrist")),
         ("smolvla", ("top",)),
+        ("pi0", ("top",)),
+        ("pi05", ("top",)),
     ]
-    if only:
-        models = [m for m in models if {m[0], Config(m[0], m[1], 0, 1).model} & set(only)]
+    if only:  # "--only pi0 pi05" or "--only pi0,pi05"
+        picked = {name for item in only for name in item.split(",") if name}
+        models = [m for m in models if {m[0], Config(m[0], m[1], 0, 1).model} & picked]
     return models
 
 
@@ -170,6 +195,8 @@ def flags(
         f.update({"policy.vlm_model_name": vlm, "policy.load_vlm_weights": False})
         if not cuda:
             f.update(SMOLVLA_CPU)
+    elif cfg.policy in PI_POLICIES:
+        f.update(PI_DUMMY)
     else:  # the ResNet-18 from random weights (no ImageNet download)
         f["policy.pretrained_backbone_weights"] = None
         if not cuda:
@@ -196,6 +223,8 @@ def command(
     bin_dir = python.parent
     script = str(bin_dir / "lerobot-train")
     if trainer == "lerobot":
+        if cfg.policy in PI_POLICIES:  # lerobot-train with the dummy variant patched in
+            script = str(LEROBOT_PI_TRAIN)
         if cfg.procs == 1 and not cuda:
             return [str(python), script, *train_flags]
         # accelerate launch, as LeRobot's docs start it (bf16 on a GPU through its launcher).
@@ -475,6 +504,20 @@ def smolvla_folder(pythons: dict[str, Path], base: Path, cuda: bool) -> Path:
     return c.write_smolvlm(base / f"smolvlm-{SMOLVLA_VLM[cuda]}", SMOLVLA_VLM[cuda])
 
 
+def pi_tokenizer(base: Path) -> None:
+    """The tiny PaliGemma-like tokenizer (tests/pi_tiny.py) in each trainer's Hub cache
+    (``trainer_env``'s HF_HOME, offline) under the name both pi processors load,
+    ``google/paligemma-3b-pt-224``."""
+    try:
+        import pytest  # noqa: F401
+    except ImportError:  # pi_tiny uses pytest only in a context manager not called here
+        sys.modules["pytest"] = types.ModuleType("pytest")
+    from pi_tiny import build_paligemma_tokenizer
+
+    for trainer in ("lerobot", "ours"):
+        build_paligemma_tokenizer(Path(trainer_env(trainer, base)["HF_HOME"]))
+
+
 def versions(python: Path) -> str:
     code = "import torch, sys; print(torch.__version__, torch.cuda.is_available(), sys.version.split()[0])"
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
@@ -502,8 +545,8 @@ def main() -> None:
     ap.add_argument(
         "--only",
         nargs="+",
-        help="act-state-only act-1cam act-2cam diffusion-2cam smolvla-small, or a policy (act, "
-        "diffusion, smolvla)",
+        help="act-state-only act-1cam act-2cam diffusion-2cam smolvla-small pi0-dummy "
+        "pi05-dummy, or a policy (act, diffusion, smolvla, pi0, pi05)",
     )
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2])
@@ -561,6 +604,8 @@ def main() -> None:
     vlm = (
         smolvla_folder(pythons, tmp, cuda) if any(g.policy == "smolvla" for g in configs) else None
     )
+    if any(g.policy in PI_POLICIES for g in configs):
+        pi_tokenizer(tmp)
     results: dict[str, dict[str, list[Run]]] = {}
     for i, cfg in enumerate(configs):
         results[cfg.name] = {"lerobot": [], "ours": []}
