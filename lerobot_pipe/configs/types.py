@@ -7,6 +7,8 @@ OBS_STATE = "observation.state"
 OBS_ENV_STATE = "observation.environment_state"
 OBS_IMAGES_PREFIX = "observation.images."
 OBS_LANGUAGE_PREFIX = "observation.language."  # the tokenized task (tokenizer_processor)
+OBS_LANGUAGE_TOKENS = OBS_LANGUAGE_PREFIX + "tokens"  # a tokenized prompt (its ids)
+OBS_LANGUAGE_ATTENTION_MASK = OBS_LANGUAGE_PREFIX + "attention_mask"  # and its real tokens
 ACTION = "action"
 
 # Policy feature types and normalization modes (LeRobot's FeatureType / NormalizationMode values).

@@ -19,22 +19,21 @@ data-parallel run computes what one process computes; otherwise from torch's RNG
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from lerobot_pipe.constants import SAMPLE_KEY
-from lerobot_pipe.policies.pi0.configuration_pi0 import PI0Config, PiConfigBase
-from lerobot_pipe.policies.pi0.paligemma_expert import PaliGemmaWithExpertModel, time_features
-from lerobot_pipe.policies.pretrained import ACTION, OBS_STATE, PreTrainedPolicy
-from lerobot_pipe.policies.smolvla.modeling_smolvla import attention_2d, pad_last_dim
-from lerobot_pipe.policies.smolvla.processor_smolvla import (
-    OBS_LANGUAGE_ATTENTION_MASK,
-    OBS_LANGUAGE_TOKENS,
+from lerobot_pipe.policies.flow_matching import (
+    FlowMatchingPolicy,
+    attention_2d,
+    pad_last_dim,
+    time_embedding,
 )
+from lerobot_pipe.policies.pi0.configuration_pi0 import PI0Config, PiConfigBase
+from lerobot_pipe.policies.pi0.paligemma_expert import PaliGemmaWithExpertModel
+from lerobot_pipe.policies.pretrained import ACTION, OBS_STATE
 from lerobot_pipe.utils.random import keyed_normal, keyed_uniform, stream_id
 
 NOISE_STREAM = stream_id("pi.noise")
@@ -118,7 +117,8 @@ class PiFlowMatching(nn.Module):
         its block: bidirectional); pi0.5's action tokens form one block."""
         cfg = self.config
         actions = self._head(self.action_in_proj, noisy)
-        times = time_features(t, actions.shape[-1], cfg.min_period, cfg.max_period)
+        # In the flow time's dtype (openpi's create_sinusoidal_pos_embedding).
+        times = time_embedding(t, actions.shape[-1], cfg.min_period, cfg.max_period).to(t.dtype)
         b, n = actions.shape[:2]
         blocks = torch.zeros(b, cfg.chunk_size, dtype=torch.long, device=actions.device)
         blocks[:, 0] = 1
@@ -205,7 +205,7 @@ class PiFlowMatching(nn.Module):
         return x_t
 
 
-class PiPolicyBase(PreTrainedPolicy):
+class PiPolicyBase(FlowMatchingPolicy):
     """pi0 / pi0.5: training loss, chunk prediction and step-wise action selection.
 
     Batches are already normalized and tokenized: each camera ``observation.images.<name>``
@@ -281,15 +281,6 @@ class PiPolicyBase(PreTrainedPolicy):
             mapping[EMBED_KEY] = mapping[LM_HEAD_KEY]
         return mapping, ignored
 
-    def get_optim_params(self) -> list[dict]:
-        """LeRobot's: every parameter in one group (the frozen ones get no gradient, hence no
-        optimizer state), so optimizer files number the parameters as LeRobot's do."""
-        return [{"params": list(self.parameters())}]
-
-    def reset(self) -> None:
-        """Empty the action queue (call at each episode start)."""
-        self._queues = {ACTION: deque(maxlen=self.config.n_action_steps)}
-
     # --- inputs ----------------------------------------------------------------------------
 
     def prepare_images(self, batch: dict[str, Tensor]) -> tuple[list[Tensor], list[Tensor]]:
@@ -327,20 +318,9 @@ class PiPolicyBase(PreTrainedPolicy):
         return pad_last_dim(state, self.config.max_state_dim)
 
     def _inputs(self, batch: dict[str, Tensor]) -> tuple:
-        for key in (OBS_LANGUAGE_TOKENS, OBS_LANGUAGE_ATTENTION_MASK):
-            if key not in batch:
-                raise KeyError(
-                    f"the batch has no {key!r}: {self.config.type}'s preprocessor tokenizes the "
-                    "'task' strings (tokenizer_processor)"
-                )
+        tokens, token_mask = self._language(batch)
         images, masks = self.prepare_images(batch)
-        return (
-            images,
-            masks,
-            batch[OBS_LANGUAGE_TOKENS],
-            batch[OBS_LANGUAGE_ATTENTION_MASK],
-            self.prepare_state(batch),
-        )
+        return images, masks, tokens, token_mask, self.prepare_state(batch)
 
     # --- training ---------------------------------------------------------------------------
 
@@ -381,38 +361,13 @@ class PiPolicyBase(PreTrainedPolicy):
         if reduction not in ("mean", "none"):
             raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         actions = pad_last_dim(batch[ACTION], self.config.max_action_dim).float()
-        if noise is None or time is None:
-            drawn_noise, drawn_time = self._training_draws(
-                batch, tuple(actions.shape), actions.device
-            )
-            noise = drawn_noise if noise is None else noise
-            time = drawn_time if time is None else time
+        noise, time = self._draws(batch, actions, noise, time)
         losses = self.model.velocity_loss(*self._inputs(batch), actions, noise, time)
         losses = losses[:, :, : self.config.action_feature["shape"][0]]
         if reduction == "none":
             per_sample = losses.mean(dim=(1, 2))
             return per_sample, {"loss": per_sample.detach().mean()}
         return losses.mean(), {}
-
-    # --- inference --------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def predict_action_chunk(self, batch: dict[str, Tensor], noise: Tensor | None = None) -> Tensor:
-        """(B, chunk_size, action_dim) normalized actions; ``noise`` (B, chunk_size,
-        max_action_dim) fixes the sampler's start. Switches to eval mode."""
-        self.eval()
-        actions = self.model.sample_actions(*self._inputs(batch), noise=noise)
-        return actions[:, :, : self.config.action_feature["shape"][0]]
-
-    @torch.no_grad()
-    def select_action(self, batch: dict[str, Tensor], noise: Tensor | None = None) -> Tensor:
-        """The next normalized action (B, action_dim): a new chunk is predicted when the queue
-        of ``n_action_steps`` actions is empty. Call ``reset`` at each episode start."""
-        self.eval()
-        if not self._queues[ACTION]:
-            chunk = self.predict_action_chunk(batch, noise=noise)
-            self._queues[ACTION].extend(chunk.transpose(0, 1)[: self.config.n_action_steps])
-        return self._queues[ACTION].popleft()
 
 
 class PI0Policy(PiPolicyBase):

@@ -27,7 +27,6 @@ the order in which parameters are registered (the optimizer files number them in
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -552,15 +551,3 @@ class PaliGemmaWithExpertModel(nn.Module):
                 cond,
             )
         return self.expert.norm(suffix, cond)[0]
-
-
-def time_features(t: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
-    """Sine-cosine embedding (B, dim) of the flow time ``t`` (B,), computed in float64 (float32
-    on MPS) and returned in ``t``'s dtype (openpi's create_sinusoidal_pos_embedding)."""
-    if dim % 2:
-        raise ValueError(f"the time embedding's width must be even, got {dim}")
-    dtype = torch.float32 if t.device.type == "mps" else torch.float64
-    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=dtype, device=t.device)
-    period = min_period * (max_period / min_period) ** fraction
-    angle = (1.0 / period * 2 * math.pi)[None, :] * t[:, None]
-    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(t.dtype)

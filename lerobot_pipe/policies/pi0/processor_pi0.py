@@ -17,7 +17,11 @@ from typing import Any
 import numpy as np
 
 from lerobot_pipe.configs.types import OBS_STATE
-from lerobot_pipe.policies.smolvla.processor_smolvla import TokenizerProcessorStep, _task_list
+from lerobot_pipe.policies.smolvla.processor_smolvla import (
+    NewLineTaskProcessorStep,
+    TokenizerProcessorStep,
+    _task_list,
+)
 from lerobot_pipe.processors.pipeline import Batch, ProcessorError, ProcessorStep, register_step
 from lerobot_pipe.processors.relative_actions import (
     AbsoluteActionsProcessorStep,
@@ -26,21 +30,10 @@ from lerobot_pipe.processors.relative_actions import (
 
 
 @register_step
-class Pi0NewLineProcessor(ProcessorStep):
-    """Ends each task string with a newline (PaliGemma's prompt format)."""
+class Pi0NewLineProcessor(NewLineTaskProcessorStep):
+    """Ends each task string with a newline (PaliGemma's prompt format); pi0's registry name."""
 
     registry_name = "pi0_new_line_processor"
-
-    def __call__(self, batch: Batch) -> Batch:
-        task = batch.get("task")
-        if task is None:
-            return batch
-        out = dict(batch)
-        if isinstance(task, str):
-            out["task"] = task if task.endswith("\n") else task + "\n"
-        elif _task_list(task) is not None:
-            out["task"] = [t if t.endswith("\n") else t + "\n" for t in task]
-        return out
 
 
 def discretize_state(state: np.ndarray) -> np.ndarray:

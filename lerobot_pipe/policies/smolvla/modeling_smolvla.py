@@ -16,7 +16,6 @@ data-parallel run computes what one process computes; otherwise from torch's RNG
 from __future__ import annotations
 
 import math
-from collections import deque
 from pathlib import Path
 
 import torch
@@ -24,11 +23,15 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from lerobot_pipe.constants import SAMPLE_KEY
-from lerobot_pipe.policies.pretrained import ACTION, OBS_STATE, PreTrainedPolicy
+from lerobot_pipe.policies.flow_matching import (
+    FlowMatchingPolicy,
+    attention_2d,
+    pad_last_dim,
+    time_embedding,
+)
+from lerobot_pipe.policies.pretrained import ACTION, OBS_STATE
 from lerobot_pipe.policies.smolvla.configuration_smolvla import SmolVLAConfig
 from lerobot_pipe.policies.smolvla.processor_smolvla import (
-    OBS_LANGUAGE_ATTENTION_MASK,
-    OBS_LANGUAGE_TOKENS,
     load_tokenizer,
 )
 from lerobot_pipe.policies.smolvla.vlm_expert import SmolVLMWithExpert, vlm_weight_files
@@ -41,11 +44,6 @@ TIME_STREAM = stream_id("smolvla.time")
 TIME_ALPHA, TIME_SCALE, TIME_OFFSET = 1.5, 0.999, 0.001
 
 
-def pad_last_dim(x: Tensor, width: int) -> Tensor:
-    """Zero-pad the last dimension to ``width`` (unchanged when already as wide)."""
-    return x if x.shape[-1] >= width else F.pad(x, (0, width - x.shape[-1]))
-
-
 def resize_with_pad(img: Tensor, height: int, width: int, pad_value: float = 0.0) -> Tensor:
     """(B, C, h, w) -> (B, C, height, width): bilinear resize keeping the aspect ratio, then
     padding on the left and top (SmolVLA's convention)."""
@@ -56,25 +54,6 @@ def resize_with_pad(img: Tensor, height: int, width: int, pad_value: float = 0.0
     new_h, new_w = int(h / ratio), int(w / ratio)
     img = F.interpolate(img, size=(new_h, new_w), mode="bilinear", align_corners=False)
     return F.pad(img, (max(0, width - new_w), 0, max(0, height - new_h), 0), value=pad_value)
-
-
-def time_embedding(t: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
-    """Sine-cosine embedding (B, dim) of the flow time ``t`` (B,), periods geometric between
-    ``min_period`` and ``max_period``, computed in float64 (float32 on MPS)."""
-    if dim % 2:
-        raise ValueError(f"the time embedding's width must be even, got {dim}")
-    dtype = torch.float32 if t.device.type == "mps" else torch.float64
-    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=dtype, device=t.device)
-    period = min_period * (max_period / min_period) ** fraction
-    angle = (1.0 / period * 2 * math.pi)[None, :] * t[:, None]
-    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)
-
-
-def attention_2d(pad: Tensor, blocks: Tensor) -> Tensor:
-    """(B, L, L) bool: token i sees token j when both are real (``pad``) and j's block number
-    (cumulative ``blocks``) is at most i's: a block-causal prefix-LM mask."""
-    cumulative = torch.cumsum(blocks, dim=1)
-    return (cumulative[:, None, :] <= cumulative[:, :, None]) & (pad[:, None, :] & pad[:, :, None])
 
 
 def _pad_sequence(x: Tensor, length: int) -> Tensor:
@@ -265,7 +244,7 @@ class VLAFlowMatching(nn.Module):
         return x_t
 
 
-class SmolVLAPolicy(PreTrainedPolicy):
+class SmolVLAPolicy(FlowMatchingPolicy):
     """SmolVLA: training loss, chunk prediction and step-wise action selection.
 
     Batches are already normalized and tokenized: each camera ``observation.images.<name>``
@@ -302,15 +281,6 @@ class SmolVLAPolicy(PreTrainedPolicy):
         if source is None:
             return []
         return [("model.vlm_with_expert.vlm.", source, vlm_weight_files(source))]
-
-    def get_optim_params(self) -> list[dict]:
-        """LeRobot's: every parameter in one group (the frozen ones get no gradient, hence no
-        optimizer state), so optimizer files number the parameters as LeRobot's do."""
-        return [{"params": list(self.parameters())}]
-
-    def reset(self) -> None:
-        """Empty the action queue (call at each episode start)."""
-        self._queues = {ACTION: deque(maxlen=self.config.n_action_steps)}
 
     # --- inputs ----------------------------------------------------------------------------
 
@@ -353,20 +323,9 @@ class SmolVLAPolicy(PreTrainedPolicy):
         return pad_last_dim(state, self.config.max_state_dim)
 
     def _inputs(self, batch: dict[str, Tensor]) -> tuple:
-        for key in (OBS_LANGUAGE_TOKENS, OBS_LANGUAGE_ATTENTION_MASK):
-            if key not in batch:
-                raise KeyError(
-                    f"the batch has no {key!r}: SmolVLA's preprocessor tokenizes the 'task' "
-                    "strings (tokenizer_processor)"
-                )
+        tokens, token_mask = self._language(batch)
         images, masks = self.prepare_images(batch)
-        return (
-            images,
-            masks,
-            batch[OBS_LANGUAGE_TOKENS],
-            batch[OBS_LANGUAGE_ATTENTION_MASK],
-            self.prepare_state(batch),
-        )
+        return images, masks, tokens, token_mask, self.prepare_state(batch)
 
     # --- training ---------------------------------------------------------------------------
 
@@ -408,12 +367,7 @@ class SmolVLAPolicy(PreTrainedPolicy):
         if reduction not in ("mean", "none"):
             raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         actions = pad_last_dim(batch[ACTION], self.config.max_action_dim)
-        if noise is None or time is None:
-            drawn_noise, drawn_time = self._training_draws(
-                batch, tuple(actions.shape), actions.device
-            )
-            noise = drawn_noise if noise is None else noise
-            time = drawn_time if time is None else time
+        noise, time = self._draws(batch, actions, noise, time)
         losses = self.model.velocity_loss(*self._inputs(batch), actions, noise, time)
         losses = losses[:, :, : self.config.action_feature["shape"][0]]
         is_pad = batch.get(ACTION_IS_PAD)
@@ -438,23 +392,3 @@ class SmolVLAPolicy(PreTrainedPolicy):
                 denominator = (valid.sum() * losses.shape[-1]).clamp_min(1)
             loss = losses.sum() / denominator
         return loss, {}
-
-    # --- inference --------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def predict_action_chunk(self, batch: dict[str, Tensor], noise: Tensor | None = None) -> Tensor:
-        """(B, chunk_size, action_dim) normalized actions; ``noise`` (B, chunk_size,
-        max_action_dim) fixes the sampler's start. Switches to eval mode."""
-        self.eval()
-        actions = self.model.sample_actions(*self._inputs(batch), noise=noise)
-        return actions[:, :, : self.config.action_feature["shape"][0]]
-
-    @torch.no_grad()
-    def select_action(self, batch: dict[str, Tensor], noise: Tensor | None = None) -> Tensor:
-        """The next normalized action (B, action_dim): a new chunk is predicted when the queue
-        of ``n_action_steps`` actions is empty. Call ``reset`` at each episode start."""
-        self.eval()
-        if not self._queues[ACTION]:
-            chunk = self.predict_action_chunk(batch, noise=noise)
-            self._queues[ACTION].extend(chunk.transpose(0, 1)[: self.config.n_action_steps])
-        return self._queues[ACTION].popleft()

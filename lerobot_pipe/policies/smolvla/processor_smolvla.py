@@ -17,11 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lerobot_pipe.configs.types import ACTION, OBS_LANGUAGE_PREFIX, OBS_PREFIX
+from lerobot_pipe.configs.types import (
+    ACTION,
+    OBS_LANGUAGE_ATTENTION_MASK,
+    OBS_LANGUAGE_PREFIX,
+    OBS_LANGUAGE_TOKENS,
+    OBS_PREFIX,
+)
 from lerobot_pipe.processors.pipeline import Batch, ProcessorError, ProcessorStep, register_step
 
-OBS_LANGUAGE_TOKENS = OBS_LANGUAGE_PREFIX + "tokens"
-OBS_LANGUAGE_ATTENTION_MASK = OBS_LANGUAGE_PREFIX + "attention_mask"
 OBS_LANGUAGE_SUBTASK_TOKENS = OBS_LANGUAGE_PREFIX + "subtask.tokens"
 OBS_LANGUAGE_SUBTASK_ATTENTION_MASK = OBS_LANGUAGE_PREFIX + "subtask.attention_mask"
 TRANSFORMERS_HINT = "SmolVLA needs transformers: pip install 'lerobot_pipe[smolvla]'"
