@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lerobot_pipe.configs.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
 from lerobot_pipe.configs.policies import PreTrainedConfig
+from lerobot_pipe.policies.flow_matching_config import FlowMatchingConfig
 from lerobot_pipe.policies.pretrained import ACTION, OBS_IMAGES_PREFIX, OBS_STATE
 
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
@@ -84,7 +84,7 @@ _ONLY_DEFAULT: dict[str, tuple[Any, str]] = {
 
 
 @dataclass
-class PiConfigBase(PreTrainedConfig):
+class PiConfigBase(FlowMatchingConfig):
     """pi0's and pi0.5's hyper-parameters (LeRobot 0.6.1's fields, in its order).
 
     Inputs: at least one camera ``observation.images.<name>`` (frames in [0, 1], resized with
@@ -164,12 +164,7 @@ class PiConfigBase(PreTrainedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name, (supported, why) in _ONLY_DEFAULT.items():
-            if getattr(self, name) != supported:
-                raise ValueError(
-                    f"policy.{name}={getattr(self, name)!r} is not supported: {why} "
-                    f"(leave it at {supported!r})"
-                )
+        self.refuse_unbuilt(_ONLY_DEFAULT)
         for name in ("paligemma_variant", "action_expert_variant"):
             if getattr(self, name) not in GEMMA_VARIANTS:
                 raise ValueError(
@@ -192,20 +187,9 @@ class PiConfigBase(PreTrainedConfig):
             raise ValueError("the two Gemma stacks need the same depth, heads and head_dim")
         if self.dtype not in DTYPES:
             raise ValueError(f"policy.dtype={self.dtype!r}: choose one of {DTYPES}")
-        for name in ("chunk_size", "n_action_steps", "max_state_dim", "max_action_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)}")
-        if self.n_action_steps > self.chunk_size:
-            raise ValueError(
-                f"n_action_steps ({self.n_action_steps}) must be <= chunk_size "
-                f"({self.chunk_size}): each chunk predicts chunk_size actions"
-            )
-        if self.n_obs_steps != 1:
-            raise ValueError(f"{self.type} sees one observation step, got {self.n_obs_steps}")
+        self.check_chunking()
         if self.tokenizer_max_length < 1 or self.num_inference_steps < 1:
             raise ValueError("tokenizer_max_length and num_inference_steps must be positive ints")
-        if self.empty_cameras < 0:
-            raise ValueError(f"empty_cameras must be >= 0, got {self.empty_cameras}")
         res = tuple(self.image_resolution)
         if len(res) != 2 or res[0] != res[1] or res[0] < 1:
             raise ValueError(
@@ -237,48 +221,11 @@ class PiConfigBase(PreTrainedConfig):
         self.input_features.setdefault(OBS_STATE, {"type": "STATE", "shape": [self.max_state_dim]})
         self.output_features.setdefault(ACTION, {"type": "ACTION", "shape": [self.max_action_dim]})
         super().validate_features()
-        if not self.image_features:
-            raise ValueError(
-                f"{self.type} needs at least one camera ({OBS_IMAGES_PREFIX}<name>) among its "
-                f"input_features, got {sorted(self.input_features)}"
-            )
-        for key, ft in self.image_features.items():
-            if len(ft["shape"]) != 3 or ft["shape"][0] != 3:
-                raise ValueError(f"{self.type} takes RGB frames: {key!r} has shape {ft['shape']}")
-        for key, ft, limit in (
-            (OBS_STATE, self.input_features[OBS_STATE], "max_state_dim"),
-            (ACTION, self.action_feature, "max_action_dim"),
-        ):
-            if len(ft["shape"]) != 1 or ft["shape"][0] > getattr(self, limit):
-                raise ValueError(
-                    f"{key!r} must be 1-D with at most {limit}={getattr(self, limit)} values, "
-                    f"got shape {ft['shape']}"
-                )
+        self.check_vla_features()
 
     @property
     def observation_delta_indices(self) -> None:
         return None
-
-    @property
-    def action_delta_indices(self) -> list[int]:
-        return list(range(self.chunk_size))
-
-    def get_optimizer_preset(self) -> AdamWConfig:
-        return AdamWConfig(
-            lr=self.optimizer_lr,
-            betas=list(self.optimizer_betas),
-            eps=self.optimizer_eps,
-            weight_decay=self.optimizer_weight_decay,
-            grad_clip_norm=self.optimizer_grad_clip_norm,
-        )
-
-    def get_scheduler_preset(self) -> CosineDecayWithWarmupSchedulerConfig:
-        return CosineDecayWithWarmupSchedulerConfig(
-            num_warmup_steps=self.scheduler_warmup_steps,
-            num_decay_steps=self.scheduler_decay_steps,
-            peak_lr=self.optimizer_lr,
-            decay_lr=self.scheduler_decay_lr,
-        )
 
     def sharding_problem(self) -> str | None:
         if self.compile_model:

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lerobot_pipe.configs.optim import AdamWConfig, CosineDecayWithWarmupSchedulerConfig
 from lerobot_pipe.configs.policies import PreTrainedConfig
-from lerobot_pipe.policies.pretrained import ACTION, OBS_IMAGES_PREFIX, OBS_STATE
+from lerobot_pipe.policies.flow_matching_config import FlowMatchingConfig
+from lerobot_pipe.policies.pretrained import OBS_IMAGES_PREFIX
 
 DEFAULT_VLM = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
 ATTENTION_MODES = ("cross_attn", "self_attn")
@@ -58,7 +58,7 @@ _ONLY_DEFAULT: dict[str, tuple[Any, str]] = {
 
 @PreTrainedConfig.register_subclass("smolvla")
 @dataclass
-class SmolVLAConfig(PreTrainedConfig):
+class SmolVLAConfig(FlowMatchingConfig):
     """SmolVLA's hyper-parameters (LeRobot 0.6.1's fields, in its order).
 
     Inputs: at least one camera ``observation.images.<name>`` (frames in [0, 1], resized with
@@ -146,28 +146,10 @@ class SmolVLAConfig(PreTrainedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name, (supported, why) in _ONLY_DEFAULT.items():
-            if getattr(self, name) != supported:
-                raise ValueError(
-                    f"policy.{name}={getattr(self, name)!r} is not supported: {why} "
-                    f"(leave it at {supported!r})"
-                )
-        for name in ("chunk_size", "n_action_steps", "max_state_dim", "max_action_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)}")
-        if self.n_action_steps > self.chunk_size:
-            raise ValueError(
-                f"n_action_steps ({self.n_action_steps}) must be <= chunk_size "
-                f"({self.chunk_size}): each chunk predicts chunk_size actions"
-            )
-        if self.n_obs_steps != 1:
-            raise ValueError(
-                f"SmolVLA sees one observation step, got n_obs_steps={self.n_obs_steps}"
-            )
+        self.refuse_unbuilt(_ONLY_DEFAULT)
+        self.check_chunking()
         if self.tokenizer_max_length < 1 or self.num_steps < 1:
             raise ValueError("tokenizer_max_length and num_steps must be positive ints")
-        if self.empty_cameras < 0:
-            raise ValueError(f"empty_cameras must be >= 0, got {self.empty_cameras}")
         if self.resize_imgs_with_padding is not None and (
             len(self.resize_imgs_with_padding) != 2 or min(self.resize_imgs_with_padding) < 1
         ):
@@ -215,51 +197,11 @@ class SmolVLAConfig(PreTrainedConfig):
                 key, {"type": "VISUAL", "shape": list(EMPTY_CAMERA_SHAPE)}
             )
         super().validate_features()
-        if not self.image_features:
-            raise ValueError(
-                f"SmolVLA needs at least one camera ({OBS_IMAGES_PREFIX}<name>) among its "
-                f"input_features, got {sorted(self.input_features)}"
-            )
-        for key, ft in self.image_features.items():
-            if len(ft["shape"]) != 3 or ft["shape"][0] != 3:
-                raise ValueError(f"SmolVLA takes RGB frames: {key!r} has shape {ft['shape']}")
-        state = self.input_features.get(OBS_STATE)
-        if state is None:
-            raise ValueError(f"SmolVLA needs {OBS_STATE!r} among its input_features")
-        for key, ft, limit in (
-            (OBS_STATE, state, "max_state_dim"),
-            (ACTION, self.action_feature, "max_action_dim"),
-        ):
-            if len(ft["shape"]) != 1 or ft["shape"][0] > getattr(self, limit):
-                raise ValueError(
-                    f"{key!r} must be 1-D with at most {limit}={getattr(self, limit)} values, "
-                    f"got shape {ft['shape']}"
-                )
+        self.check_vla_features()
 
     @property
     def observation_delta_indices(self) -> list[int]:
         return [0]
-
-    @property
-    def action_delta_indices(self) -> list[int]:
-        return list(range(self.chunk_size))
-
-    def get_optimizer_preset(self) -> AdamWConfig:
-        return AdamWConfig(
-            lr=self.optimizer_lr,
-            betas=list(self.optimizer_betas),
-            eps=self.optimizer_eps,
-            weight_decay=self.optimizer_weight_decay,
-            grad_clip_norm=self.optimizer_grad_clip_norm,
-        )
-
-    def get_scheduler_preset(self) -> CosineDecayWithWarmupSchedulerConfig:
-        return CosineDecayWithWarmupSchedulerConfig(
-            num_warmup_steps=self.scheduler_warmup_steps,
-            num_decay_steps=self.scheduler_decay_steps,
-            peak_lr=self.optimizer_lr,
-            decay_lr=self.scheduler_decay_lr,
-        )
 
     def publish_problem(self) -> str | None:
         """A ``vlm_model_name`` that is a local folder is recorded as it is (as LeRobot does),
