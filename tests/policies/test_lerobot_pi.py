@@ -35,6 +35,7 @@ from pi_tiny import (
 )
 from safetensors.torch import load_file, save_file
 from upstream import find_upstream
+from vla_tools import run_saved_policy
 
 pytest.importorskip("transformers", reason="pi0's tokenizer needs transformers")
 
@@ -86,36 +87,7 @@ def raw_inputs(seed: int = 7) -> dict[str, torch.Tensor]:
 
 def ours(folder: Path, inputs: dict[str, torch.Tensor], tasks: list[str] = TASKS) -> dict:
     """Our policy and processors loaded from ``folder``, run as the driver runs LeRobot's."""
-    from lerobot_pipe.policies.peft import load_pretrained_policy
-
-    policy = load_pretrained_policy(folder)
-    pre, post = make_pre_post_processors(
-        policy.config,
-        pretrained_path=folder,
-        preprocessor_overrides={
-            "device_processor": {"device": "cpu"},
-            "rename_observations_processor": {"rename_map": {}},
-        },
-    )
-    batch = {k: v for k, v in inputs.items() if k not in ("noise", "time")}
-    processed = pre({**batch, "task": list(tasks)})
-    with torch.no_grad():
-        loss, _ = policy(dict(processed), noise=inputs["noise"], time=inputs["time"])
-        per_sample, _ = policy(
-            dict(processed), noise=inputs["noise"], time=inputs["time"], reduction="none"
-        )
-    actions = policy.predict_action_chunk(dict(processed), noise=inputs["noise"])
-    return {
-        "tokens": processed["observation.language.tokens"],
-        "mask": processed["observation.language.attention_mask"],
-        "state": processed["observation.state"],
-        "loss": loss.reshape(1),
-        "per_sample": per_sample,
-        "actions": actions,
-        "actions_post": post(actions),
-        "keys": sorted(policy.state_dict()),
-        "policy": policy,
-    }
+    return run_saved_policy(folder, inputs, tasks)
 
 
 def save_ours(kind: str, folder: Path, seed: int) -> Path:

@@ -28,6 +28,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from upstream import find_upstream
+from vla_tools import run_saved_policy
 
 pytest.importorskip("transformers", reason="SmolVLA needs transformers: lerobot_pipe[smolvla]")
 
@@ -106,37 +107,8 @@ def raw_inputs(cfg: SmolVLAConfig) -> dict[str, torch.Tensor]:
 
 
 def ours(folder: Path, inputs: dict[str, torch.Tensor], tasks: list[str] = TASKS) -> dict:
-    """Our policy and processors loaded from ``folder`` (an adapter folder: merged into its
-    base), run as the driver runs LeRobot's."""
-    from lerobot_pipe.policies.peft import load_pretrained_policy
-
-    policy = load_pretrained_policy(folder)
-    pre, post = make_pre_post_processors(
-        policy.config,
-        pretrained_path=folder,
-        preprocessor_overrides={
-            "device_processor": {"device": "cpu"},
-            "rename_observations_processor": {"rename_map": {}},
-        },
-    )
-    batch = {k: v for k, v in inputs.items() if k not in ("noise", "time")}
-    processed = pre({**batch, "task": list(tasks)})
-    with torch.no_grad():
-        loss, _ = policy(dict(processed), noise=inputs["noise"], time=inputs["time"])
-        per_sample, _ = policy(
-            dict(processed), noise=inputs["noise"], time=inputs["time"], reduction="none"
-        )
-    actions = policy.predict_action_chunk(dict(processed), noise=inputs["noise"])
-    return {
-        "tokens": processed["observation.language.tokens"],
-        "mask": processed["observation.language.attention_mask"],
-        "state": processed["observation.state"],
-        "loss": loss.reshape(1),
-        "per_sample": per_sample,
-        "actions": actions,
-        "actions_post": post(actions),
-        "keys": sorted(policy.state_dict()),
-    }
+    """Our policy and processors loaded from ``folder``, run as the driver runs LeRobot's."""
+    return run_saved_policy(folder, inputs, tasks)
 
 
 def camera_dataset(tmp: Path) -> Path:

@@ -14,12 +14,14 @@ its adapter converts."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import pytest
 import torch
 from tiny import full_state, losses, run_on_topology, train_one_rank
+from vla_tools import gradients_of_one_batch
 
 from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
 
@@ -504,49 +506,18 @@ RECOMPUTED = (  # a unit entered by run_as_unit (an expert layer's MLP), a visio
 )
 
 
-def gradients_of_one_batch(argv: list[str]) -> dict:
-    """One rank: the session's loss and full gradients on a fixed batch with fixed noise and
-    time, how often each RECOMPUTED module ran (forward and backward) and the bytes autograd kept
-    for the backward outside checkpointed units."""
-    from torch.distributed.tensor import DTensor
+def _training_batch(config) -> tuple[dict, torch.Tensor]:
+    batch, noise = _inference_batch(config)
+    g = torch.Generator().manual_seed(3)
+    batch["action"] = torch.randn(2, config.chunk_size, 2, generator=g)
+    batch["action_is_pad"] = torch.tensor([[False] * 4, [False, False, False, True]])
+    return batch, noise
 
-    from lerobot_pipe.distributed.runtime import destroy, init_distributed
-    from lerobot_pipe.training.preflight import make_plan
-    from lerobot_pipe.training.session import prepare_session
 
-    plan = make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ)
-    env = init_distributed()
-    try:
-        session = prepare_session(plan, env)
-        policy = session.policy
-        batch, noise = _inference_batch(policy.config)
-        g = torch.Generator().manual_seed(3)
-        batch["action"] = torch.randn(2, policy.config.chunk_size, 2, generator=g)
-        batch["action_is_pad"] = torch.tensor([[False] * 4, [False, False, False, True]])
-        calls = dict.fromkeys(RECOMPUTED, 0)
-        for name in RECOMPUTED:
-
-            def count(module, args, name=name):
-                calls[name] += 1
-
-            policy.get_submodule(name).register_forward_pre_hook(count)
-        kept = [0]
-
-        def pack(tensor):
-            kept[0] += tensor.numel() * tensor.element_size()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss, _ = session.model(batch, noise=noise, time=torch.tensor([0.3, 0.8]))
-        loss.backward()
-        grads = {}
-        for name, p in session.trainee.named_parameters():
-            if p.grad is not None:
-                grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-                grads[name] = grad.clone()
-    finally:
-        destroy()
-    return {"loss": loss.detach(), "grads": grads, "calls": calls, "kept": kept[0]}
+# One rank's loss and gradients on _training_batch (vla_tools.gradients_of_one_batch).
+ONE_BATCH = functools.partial(
+    gradients_of_one_batch, make_batch=_training_batch, counted=RECOMPUTED
+)
 
 
 @pytest.fixture(scope="module")
@@ -560,7 +531,7 @@ def checkpointed(parts) -> dict[tuple[str, str], list[dict]]:
                 f"--output_dir={out}",
                 f"--accelerator.activation_checkpointing.mode={mode}",
             ]
-            runs[topology, mode] = _run(topology, argv, gradients_of_one_batch)
+            runs[topology, mode] = _run(topology, argv, ONE_BATCH)
     return runs
 
 
