@@ -64,8 +64,8 @@ COMMANDS := ./lerobot_pipe_commands
 # `source .venv/bin/activate`; one thread per training process.
 VENV_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" OMP_NUM_THREADS=1
 
-.PHONY: run report unlock test test-fast test-torch lint gpu-check venv slurm-plugin lerobot-venv \
-	bench-venv clean
+.PHONY: run report unlock test test-fast test-beside test-torch lint gpu-check venv slurm-plugin \
+	lerobot-venv bench-venv clean
 
 # torch and torchcodec first, from TORCH_INDEX (only they: --no-deps, their dependencies come with
 # the second install, from the usual indexes).
@@ -163,6 +163,15 @@ test: $(VENV)/.installed $(UPSTREAM)
 test-fast: $(VENV)/.installed
 	@start=$$(date +%s); $(VENV_ENV) $(VENV)/bin/pytest --tier=fast $(PYTEST_ARGS); \
 	status=$$?; echo "make test-fast: $$(( $$(date +%s) - start )) s, exit status $$status"; \
+	exit $$status
+
+# Living beside LeRobot (tests/beside, marker beside): this checkout installed as a user would
+# (not editable, extras pipeline,smolvla,pi) into a hard-linked copy of LeRobot's venv: no version
+# and no file of LeRobot's changes, on install and uninstall; `pip check` clean; tests/hub on its
+# huggingface_hub 1.x. Prints its wall time (CI's log shows it).
+test-beside: $(VENV)/.installed $(UPSTREAM)
+	@start=$$(date +%s); $(VENV_ENV) $(VENV)/bin/pytest -m beside tests/beside $(PYTEST_ARGS); \
+	status=$$?; echo "make test-beside: $$(( $$(date +%s) - start )) s, exit status $$status"; \
 	exit $$status
 
 # bench/gpu_smoke.py on this machine's GPU: nccl, bf16 training, a resume; prints what it verified.
