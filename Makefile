@@ -55,22 +55,27 @@ TORCH ?=
 PY311 ?= python3.11
 TORCH_RANGE_EXTRAS ?= pipeline,dev
 
+# Our lerobot-train, lerobot-eval and lerobot-convert-dcp (the same as `lerobot-pipe train|eval|
+# convert-dcp`), a distribution of their own that our venvs install and LeRobot's never gets: its
+# venv keeps LeRobot's commands of those names (README "Beside LeRobot").
+COMMANDS := ./lerobot_pipe_commands
+
 # The venv's console scripts (snakemake, lerobot-train, lerobot-pipe) first on PATH, as after
 # `source .venv/bin/activate`; one thread per training process.
 VENV_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" OMP_NUM_THREADS=1
 
-.PHONY: run report unlock test test-fast test-torch lint gpu-check venv slurm-plugin lerobot-venv \
-	bench-venv clean
+.PHONY: run report unlock test test-fast test-beside test-torch lint gpu-check venv slurm-plugin \
+	lerobot-venv bench-venv clean
 
 # torch and torchcodec first, from TORCH_INDEX (only they: --no-deps, their dependencies come with
 # the second install, from the usual indexes).
-$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+$(VENV)/.installed: pyproject.toml lerobot_pipe_commands/pyproject.toml constraints-cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --retries 1 --no-deps -c constraints-cpu.txt \
 		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch \
 		$(if $(findstring torchcodec,$(EXTRAS)),torchcodec)
-	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[$(EXTRAS)]'
+	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[$(EXTRAS)]' $(COMMANDS)
 	touch $@
 
 venv: $(VENV)/.installed
@@ -96,7 +101,8 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	@test -n "$(PY312)" || { echo "bench-venv: no Python 3.12 (pyenv install 3.12.1)"; exit 1; }
 	test -x $(BENCH_VENV)/bin/python || $(PY312) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(BENCH_VENV)/bin/python -m pip install --quiet --no-compile $(BENCH_TORCH) -e '.[diffusion,smolvla]'
+	$(BENCH_VENV)/bin/python -m pip install --quiet --no-compile $(BENCH_TORCH) -e '.[diffusion,smolvla]' \
+		$(COMMANDS)
 	touch $@
 
 bench-venv: $(BENCH_VENV)/.installed
@@ -110,7 +116,7 @@ bench-venv: $(BENCH_VENV)/.installed
 	PIP_CONSTRAINT=/dev/null .venv-torch-$*/bin/python -m pip install --quiet --no-compile \
 		torch==$*
 	PIP_CONSTRAINT=/dev/null .venv-torch-$*/bin/python -m pip install --quiet --no-compile \
-		torch==$* -e '.[$(TORCH_RANGE_EXTRAS)]'
+		torch==$* -e '.[$(TORCH_RANGE_EXTRAS)]' $(COMMANDS)
 	touch $@
 
 ifneq ($(TORCH),)
@@ -157,6 +163,15 @@ test: $(VENV)/.installed $(UPSTREAM)
 test-fast: $(VENV)/.installed
 	@start=$$(date +%s); $(VENV_ENV) $(VENV)/bin/pytest --tier=fast $(PYTEST_ARGS); \
 	status=$$?; echo "make test-fast: $$(( $$(date +%s) - start )) s, exit status $$status"; \
+	exit $$status
+
+# Living beside LeRobot (tests/beside, marker beside): this checkout installed as a user would
+# (not editable, extras pipeline,smolvla,pi) into a hard-linked copy of LeRobot's venv: no version
+# and no file of LeRobot's changes, on install and uninstall; `pip check` clean; tests/hub on its
+# huggingface_hub 1.x. Prints its wall time (CI's log shows it).
+test-beside: $(VENV)/.installed $(UPSTREAM)
+	@start=$$(date +%s); $(VENV_ENV) $(VENV)/bin/pytest -m beside tests/beside $(PYTEST_ARGS); \
+	status=$$?; echo "make test-beside: $$(( $$(date +%s) - start )) s, exit status $$status"; \
 	exit $$status
 
 # bench/gpu_smoke.py on this machine's GPU: nccl, bf16 training, a resume; prints what it verified.

@@ -45,7 +45,7 @@ in ``--ours-python`` sees a GPU): LeRobot's default sizes (SmolVLA: SmolVLM2-500
 random weights, 512x512 frames; pi0 / pi0.5 stay dummy), bf16 autocast on both sides;
 otherwise the script says what it would run there. SmolVLA needs transformers beside each trainer (``make lerobot-venv
 bench-venv``: ``lerobot[smolvla]`` there, ``.[smolvla]`` here); each side has its own release
-(LeRobot 0.6.1 pins 5.4-5.5, this project needs 5.18+ for huggingface_hub 2). The machine's load average is printed before and after: on a shared machine
+(LeRobot 0.6.1 pins 5.4-5.5, the bench venv resolves the newest). The machine's load average is printed before and after: on a shared machine
 the times are noisy, compare ratios of the same run.
 """
 

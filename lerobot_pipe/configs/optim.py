@@ -25,7 +25,9 @@ class OptimizerConfig(ChoiceRegistry, choice_base=True, choice_kind="optimizer")
     grad_clip_norm: float = 10.0  # clip the global gradient norm to this (0: no clipping)
 
     def validate(self) -> None:
-        checks.positive("optimizer.lr", self.lr)
+        checks.non_negative(
+            "optimizer.lr", self.lr, "0 trains nothing: a frozen run, as torch and LeRobot allow"
+        )
         checks.non_negative("optimizer.weight_decay", self.weight_decay)
         checks.non_negative("optimizer.grad_clip_norm", self.grad_clip_norm)
 

@@ -282,16 +282,13 @@ def _read_stats(
         key: {name: np.asarray(value, dtype=np.float32) for name, value in feature_stats.items()}
         for key, feature_stats in raw.items()
     }
+    # Only the statistics present are checked here: which ones must exist depends on the policy
+    # (its inputs and outputs, their normalization modes), so the normalizer asks for them
+    # (training/data.py: make_processors), as LeRobot's does; e.g. next.done may have none.
     for key in data_keys:
-        missing = [name for name in REQUIRED_STATS if name not in stats.get(key, {})]
-        if missing:
-            raise DatasetError(
-                f"{path}: feature {key!r} lacks statistics {missing} (needs {list(REQUIRED_STATS)}). "
-                "Recompute the dataset statistics."
-            )
         shape = tuple(features[key]["shape"])
         for name in REQUIRED_STATS:
-            if stats[key][name].shape != shape:
+            if name in stats.get(key, {}) and stats[key][name].shape != shape:
                 raise DatasetError(
                     f"{path}: {key}.{name} has shape {list(stats[key][name].shape)}, "
                     f"but meta/info.json declares shape {list(shape)}."

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import httpx2
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError
 
 from lerobot_pipe.utils.hub_http import (
+    HTTP_CLIENT,
     NETWORK_ERRORS,
     RetriesExhausted,
     Transient,
@@ -56,7 +56,7 @@ class Target:
 
 def _failed_request(exc: BaseException) -> Any:
     """The HTTP request that failed (an ``HfHubHTTPError``'s or a transport error's), or None."""
-    with contextlib.suppress(RuntimeError):  # httpx2 raises when an error has no request
+    with contextlib.suppress(RuntimeError):  # httpx(2) raises when an error has no request
         if isinstance(exc, HfHubHTTPError):
             return exc.response.request
         return getattr(exc, "request", None)
@@ -70,7 +70,7 @@ def _network_cause(exc: BaseException, request: Any) -> str:
             return f"name resolution failed for {host} ({e.strerror})"
         if isinstance(e, ConnectionRefusedError):
             return f"connection refused by {host}"
-    if isinstance(exc, httpx2.TimeoutException):
+    if isinstance(exc, HTTP_CLIENT.TimeoutException):
         return f"no answer from {host} in time"
     return f"{type(exc).__name__}: {exc}"
 

@@ -277,9 +277,10 @@ def launch_command(
     env: Mapping[str, str],
 ) -> tuple[list[str], str]:
     """The launcher command and a sentence for the log saying how training is launched."""
-    train = shutil.which("lerobot-train")
-    if train is None:
-        raise ConfigError("lerobot-train is not on PATH: install lerobot_pipe in this environment")
+    # Our trainer under our own name: beside LeRobot, lerobot-train on PATH is LeRobot's.
+    pipe = shutil.which("lerobot-pipe")
+    if pipe is None:
+        raise ConfigError("lerobot-pipe is not on PATH: install lerobot_pipe in this environment")
     job = env.get("SLURM_JOB_ID")
     if job and nproc_per_node * nnodes > 1:
         nodes, head = _slurm_nodes(job)
@@ -296,14 +297,16 @@ def launch_command(
             "--rdzv-backend=c10d",
             f"--rdzv-id={job}",
             f"--rdzv-endpoint={head}:{rdzv_port}",
-            train,
+            pipe,
+            "train",
             *train_args,
         ]
         return (
             command,
             f"SLURM job {job}: srun + torchrun on {nodes}, rendezvous {head}:{rdzv_port}",
         )
-    command = ["torchrun", "--standalone", f"--nproc-per-node={nproc_per_node}", train, *train_args]
+    command = ["torchrun", "--standalone", f"--nproc-per-node={nproc_per_node}", pipe, "train"]
+    command += train_args
     return command, f"torchrun --standalone on {socket.gethostname()}, {nproc_per_node} process(es)"
 
 

@@ -3,7 +3,11 @@ normalization of inputs and unnormalization of actions. A policy's pair is built
 ``lerobot_pipe.policies.factory.make_pre_post_processors`` (LeRobot's place), which also
 registers the policies' own steps."""
 
-from lerobot_pipe.processors.normalize import NormalizerProcessorStep, UnnormalizerProcessorStep
+from lerobot_pipe.processors.normalize import (
+    MissingStats,
+    NormalizerProcessorStep,
+    UnnormalizerProcessorStep,
+)
 from lerobot_pipe.processors.pipeline import (
     PolicyProcessorPipeline,
     ProcessorError,
@@ -19,6 +23,7 @@ from lerobot_pipe.processors.steps import (
 __all__ = [
     "AddBatchDimensionProcessorStep",
     "DeviceProcessorStep",
+    "MissingStats",
     "NormalizerProcessorStep",
     "PolicyProcessorPipeline",
     "ProcessorError",

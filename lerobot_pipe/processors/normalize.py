@@ -25,6 +25,12 @@ from torch import Tensor
 from lerobot_pipe.configs.types import ACTION, FEATURE_TYPES, NORMALIZATION_MODES
 from lerobot_pipe.processors.pipeline import Batch, ProcessorError, ProcessorStep, register_step
 
+
+class MissingStats(ProcessorError):
+    """A feature the policy normalizes has no statistics for its mode (only those need them:
+    a dataset may leave out features no policy input or output uses, as LeRobot allows)."""
+
+
 _MODE_STATS = {
     "MEAN_STD": ("mean", "std"),
     "MIN_MAX": ("min", "max"),
@@ -110,7 +116,7 @@ class _NormalizationStep(ProcessorStep):
         feature_stats = self.stats.get(key, {})
         missing = [n for n in (low_name, high_name) if n not in feature_stats]
         if missing:
-            raise ProcessorError(
+            raise MissingStats(
                 f"{mode} normalization of {key!r} needs stats [{low_name!r}, {high_name!r}]; "
                 f"missing {missing} (have {sorted(feature_stats)})"
             )

@@ -1,12 +1,18 @@
-"""``lerobot-pipe``: the small commands the pipeline's rules call (each a library function).
+"""``lerobot-pipe``: the trainer, evaluator and converter under our own name, and the small
+commands the pipeline's rules call (each a library function).
 
-Each command's options are a dataclass below, parsed like lerobot-train's flags
+``lerobot-pipe train``, ``eval`` and ``convert-dcp`` are ``lerobot-train``, ``lerobot-eval`` and
+``lerobot-convert-dcp`` (every flag passed on unchanged; ``torchrun $(which lerobot-pipe) train
+...`` launches the trainer): beside LeRobot in one venv, the commands of those names are
+LeRobot's, and ours are installed under them only in our own venv (``lerobot_pipe_commands/``).
+Each small command's options are a dataclass below, parsed like lerobot-train's flags
 (``lerobot_pipe.configs.parser.parse_options``); ``lerobot-pipe <command> --help`` lists them.
 A bad flag exits with status 2 and a one-line reason; a command that fails at its work, 1.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -209,7 +215,7 @@ def cmd_evaluate(options: EvaluateOptions, eval_args: list[str]) -> int:
     try:
         evaluate_checkpoint(options.checkpoint_dir, options.output_dir, eval_args)
     except (BadInput, ConfigError) as e:
-        report_error(f"{PROG} evaluate", with_eval_config_keys(str(e)))
+        report_error(f"{PROG} eval-checkpoint", with_eval_config_keys(str(e)))
         return 2
     return 0
 
@@ -283,6 +289,16 @@ class Command:
     passes_to_eval: bool = False
 
 
+# Our lerobot-train, lerobot-eval and lerobot-convert-dcp: name -> (module with main(argv), what).
+DELEGATED: dict[str, tuple[str, str]] = {
+    "train": ("lerobot_pipe.scripts.train", "lerobot-train: train a policy, on 1 process or many"),
+    "eval": ("lerobot_pipe.scripts.eval", "lerobot-eval: roll a trained policy out in simulation"),
+    "convert-dcp": (
+        "lerobot_pipe.scripts.convert_dcp",
+        "lerobot-convert-dcp: merge a checkpoint's DCP shards into safetensors",
+    ),
+}
+
 COMMANDS: dict[str, Command] = {
     "make-dataset": Command(MakeDatasetOptions, cmd_make_dataset),
     "validate": Command(ValidateOptions, cmd_validate, passes_on=True),
@@ -290,7 +306,7 @@ COMMANDS: dict[str, Command] = {
     "launch-train": Command(LaunchTrainOptions, cmd_launch_train, passes_on=True),
     "check-run-lock": Command(CheckRunLockOptions, cmd_check_run_lock),
     "publish": Command(PublishOptions, cmd_publish),
-    "evaluate": Command(EvaluateOptions, cmd_evaluate, passes_to_eval=True),
+    "eval-checkpoint": Command(EvaluateOptions, cmd_evaluate, passes_to_eval=True),
     "choose-best": Command(ChooseBestOptions, cmd_choose_best),
     "pin": Command(PinOptions, cmd_pin),
     "unpin": Command(UnpinOptions, cmd_unpin),
@@ -299,8 +315,10 @@ COMMANDS: dict[str, Command] = {
 
 def overview() -> str:
     lines = [f"usage: {PROG} <command> [--flag=value ...]", "", "Commands:"]
-    for name, command in COMMANDS.items():
-        text = f"  {name:<16}{summary(command.options)}"
+    what = {name: text for name, (_, text) in DELEGATED.items()}
+    what |= {name: summary(command.options) for name, command in COMMANDS.items()}
+    for name, text in what.items():
+        text = f"  {name:<16}{text}"
         lines += textwrap.wrap(text, 100, subsequent_indent=" " * 18, break_on_hyphens=False)
     lines += ["", f"{PROG} <command> --help lists the flags of one."]
     return "\n".join(lines)
@@ -324,12 +342,15 @@ def main(argv: list[str] | None = None) -> int:
         print(overview(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     name, args = argv[0], argv[1:]
+    if name in DELEGATED:
+        return importlib.import_module(DELEGATED[name][0]).main(args)
     if name not in COMMANDS:
         import difflib
 
-        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        names = [*DELEGATED, *COMMANDS]
+        close = difflib.get_close_matches(name, names, n=1)
         hint = f" Did you mean {close[0]}?" if close else ""
-        report_error(PROG, f"unknown command {name!r}.{hint} Commands: {', '.join(COMMANDS)}")
+        report_error(PROG, f"unknown command {name!r}.{hint} Commands: {', '.join(names)}")
         return 2
     if any(a in ("-h", "--help") for a in args):
         print(command_usage(name))

@@ -208,6 +208,7 @@ def train_help() -> str:
     lines = [
         "usage: lerobot-train --dataset.root=DIR --policy.type=act [--flag=value ...]",
         "       torchrun --nproc-per-node=N $(which lerobot-train) ...",
+        "       lerobot-pipe train ...   (the same command; beside LeRobot, lerobot-train is LeRobot's)",
         "",
         docstring(TrainConfig),
         "",

@@ -27,6 +27,7 @@ from lerobot_pipe.datasets.stream_sampler import StreamSampler
 from lerobot_pipe.datasets.streaming import StreamingLeRobotDataset
 from lerobot_pipe.policies.factory import make_pre_post_processors
 from lerobot_pipe.processors import (
+    MissingStats,
     NormalizerProcessorStep,
     PolicyProcessorPipeline,
     RenameObservationsProcessorStep,
@@ -165,9 +166,17 @@ def make_processors(
             cfg.policy, pretrained_path=plan.resume_from / C.PRETRAINED_MODEL_DIR
         )
         stats = saved.step(NormalizerProcessorStep.registry_name).stats
-    pre, post = make_pre_post_processors(
-        dataclasses.replace(cfg.policy, device=device_type), dataset_stats=stats
-    )
+    try:
+        pre, post = make_pre_post_processors(
+            dataclasses.replace(cfg.policy, device=device_type), dataset_stats=stats
+        )
+    except MissingStats as e:
+        if plan.resume_from is not None:
+            raise
+        raise DatasetError(
+            f"{plan.dataset.root / C.DATASET_STATS}: {e}: the policy normalizes that feature. "
+            "Recompute the dataset statistics."
+        ) from None
     renames = [i for i, s in enumerate(pre.steps) if isinstance(s, RenameObservationsProcessorStep)]
     if not renames:
         raise ValueError(f"the {cfg.policy.type} preprocessor has no rename step for --rename_map")

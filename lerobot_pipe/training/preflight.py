@@ -199,7 +199,8 @@ def plan_on_dataset(
 ) -> TrainingPlan:
     """The plan's last checks, those that need the dataset: the policy's features (filled in
     from the dataset) and its build on the meta device, the backbone weights, the environment,
-    the held-out split, the batch size; for a sharded run, its sharding decided."""
+    the held-out split, the batch size, the statistics its normalizer needs; for a sharded run,
+    its sharding decided (which builds the processors too)."""
     policy, trainee = build_on_meta_for_checks(cfg, dataset)
     cfg = replace(cfg, policy=policy.config)
     check_backbone_weights(cfg, env)
@@ -231,7 +232,10 @@ def plan_on_dataset(
         acknowledged_env=acknowledged,
         heldout=heldout,
     )
-    return decide_sharding(plan, policy, trainee) if dims.is_sharded else plan
+    if dims.is_sharded:
+        return decide_sharding(plan, policy, trainee)
+    make_processors(plan, "cpu")  # the statistics its normalizer needs, before launch
+    return plan
 
 
 def build_on_meta_for_checks(

@@ -17,15 +17,17 @@ like a Hugging Face token.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TypeVar
 
-import httpx2
+from huggingface_hub import get_session
 from huggingface_hub.errors import HfHubHTTPError
 
 logger = logging.getLogger(__name__)
@@ -34,9 +36,24 @@ T = TypeVar("T")
 
 # What huggingface_hub's own http_backoff treats as transient (huggingface_hub/utils/_http.py).
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def http_client_module() -> ModuleType:
+    """The HTTP client package huggingface_hub sends its requests with: httpx under
+    huggingface_hub 1.x, httpx2 under 2.x (both are supported: LeRobot 0.6.1 pins the hub < 2).
+    Taken from the client :func:`huggingface_hub.get_session` returns, so that the transport
+    errors below are the ones its requests raise."""
+    return importlib.import_module(type(get_session()).__module__.split(".")[0])
+
+
+HTTP_CLIENT = http_client_module()
 # Transport failures worth another try: timeouts, refused / reset / dropped connections, a
-# body cut short (huggingface_hub 2.x's client is httpx2).
-NETWORK_ERRORS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
+# body cut short.
+NETWORK_ERRORS = (
+    HTTP_CLIENT.TimeoutException,
+    HTTP_CLIENT.NetworkError,
+    HTTP_CLIENT.RemoteProtocolError,
+)
 MAX_BACKOFF_S = 60.0
 # The retries of a request whose caller sets none (publish_folder's defaults).
 DEFAULT_RETRIES = 5

@@ -142,11 +142,10 @@ def test_refuses_missing_stats(dataset_copy: Path) -> None:
         LeRobotDataset(dataset_copy)
 
 
-def test_refuses_incomplete_stats(dataset_copy: Path) -> None:
-    _edit_json(dataset_copy / "meta/stats.json", lambda s: s["action"].pop("std"))
-    with pytest.raises(
-        DatasetError, match=r"stats\.json: feature 'action' lacks statistics \['std'\]"
-    ):
+def test_refuses_statistics_of_the_wrong_shape(dataset_copy: Path) -> None:
+    # Missing statistics are the policy's to refuse (tests/training/test_what_lerobot_accepts.py).
+    _edit_json(dataset_copy / "meta/stats.json", lambda s: s["action"].update(std=[1.0]))
+    with pytest.raises(DatasetError, match=r"stats\.json: action\.std has shape \[1\]"):
         LeRobotDataset(dataset_copy)
 
 

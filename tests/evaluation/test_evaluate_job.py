@@ -1,4 +1,4 @@
-"""`lerobot-pipe evaluate` (lerobot_pipe.pipeline.evaluate_job), the evaluate rule's command, in
+"""`lerobot-pipe eval-checkpoint` (lerobot_pipe.pipeline.evaluate_job), the evaluate rule's command, in
 this process: lerobot-eval into the step's folder, the stale videos of an earlier evaluation
 gone, the checkpoint unpinned afterwards; bad flags name the pipeline's config keys."""
 
@@ -22,7 +22,7 @@ def test_evaluate_writes_eval_info_and_unpins(untrained_policy, tmp_path, capfd)
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"old")
     argv = [
-        "evaluate",
+        "eval-checkpoint",
         f"--checkpoint_dir={step_dir}",
         f"--output_dir={out}",
         f"--policy.path={untrained_policy}",

@@ -87,9 +87,9 @@ CASES = [
             "--scheduler.type=constant_with_warmup",
         ],
         {},
-        "--optimizer.lr=-1.0: must be > 0",
+        "--optimizer.lr=-1.0: must be >= 0",
     ),
-    ("policy-lr-negative", ["--policy.optimizer_lr=-1"], {}, "optimizer_lr must be > 0"),
+    ("policy-lr-negative", ["--policy.optimizer_lr=-1"], {}, "optimizer_lr must be >= 0"),
     (
         "no-scheduler",
         ["--use_policy_training_preset=false", "--optimizer.type=adamw"],

@@ -28,14 +28,18 @@ def _flags(dataset_root, out):
     )
 
 
-def test_torchrun_two_processes(dataset_root, tmp_path):
+# Our trainer as lerobot-train (our own venv) and as `lerobot-pipe train` (everywhere, LeRobot's
+# venv included: `torchrun $(which lerobot-pipe) train ...`).
+@pytest.mark.parametrize("command", [["lerobot-train"], ["lerobot-pipe", "train"]], ids=" ".join)
+def test_torchrun_two_processes(dataset_root, tmp_path, command):
     out = tmp_path / "out"
     proc = subprocess.run(
         [
             "torchrun",
             "--nproc-per-node=2",
             f"--master-port={free_port()}",
-            shutil.which("lerobot-train"),
+            shutil.which(command[0]),
+            *command[1:],
             *_flags(dataset_root, out),
         ],
         env=launcher_env(),

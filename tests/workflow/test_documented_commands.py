@@ -37,7 +37,15 @@ DOCS = tuple(
 )
 # Besides the workflow files a clone has: what the documented commands read (the benchmarks
 # import the test suite's helpers).
-DOC_FILES = ("README.md", "Makefile", "pyproject.toml", "constraints-cpu.txt", "bench", "tests")
+DOC_FILES = (
+    "README.md",
+    "Makefile",
+    "pyproject.toml",
+    "lerobot_pipe_commands",
+    "constraints-cpu.txt",
+    "bench",
+    "tests",
+)
 
 SKIP, VALIDATE, DRY_RUN, FLAGS, RUN_IT = "skip", "validate", "dry run", "flags", "run"
 # (pattern searched in the command, how it is checked, why)

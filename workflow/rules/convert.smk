@@ -22,7 +22,7 @@ rule convert:
         # A failure's cause goes to the terminal too (its error lines, else the end of the log).
         """
         rm -rf {output}.tmp {params.ema_dir}.tmp
-        lerobot-convert-dcp --checkpoint_dir={params.step_dir} \
+        lerobot-pipe convert-dcp --checkpoint_dir={params.step_dir} \
             --output_dir={output}.tmp --ema_output_dir={params.ema_dir}.tmp >{log} 2>&1 || failed=1
         if [ -n "${{failed:-}}" ]; then
             grep -h ERROR {log} >&2 || tail -n 15 {log} >&2

@@ -23,11 +23,11 @@ rule evaluate:
             f"--output_dir={EVAL_DIR}/{wildcards.step}"
         ),
     shell:
-        # lerobot-pipe evaluate (lerobot_pipe/pipeline/evaluate_job.py) pins the checkpoint
+        # lerobot-pipe eval-checkpoint (lerobot_pipe/pipeline/evaluate_job.py) pins the checkpoint
         # while it runs and writes eval_info.json last. A failure's cause goes to the terminal
         # too (its error lines, else the end of the log).
         """
-        lerobot-pipe evaluate {params} --policy.path={input} >{log} 2>&1 || failed=1
+        lerobot-pipe eval-checkpoint {params} --policy.path={input} >{log} 2>&1 || failed=1
         if [ -n "${{failed:-}}" ]; then
             grep -h ERROR {log} >&2 || tail -n 15 {log} >&2
             exit 1

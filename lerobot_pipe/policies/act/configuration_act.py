@@ -126,10 +126,14 @@ class ACTConfig(PreTrainedConfig):
             )
         if self.n_obs_steps != 1:
             raise ValueError(f"ACT supports n_obs_steps == 1 only, got {self.n_obs_steps}")
-        if self.optimizer_lr <= 0:
-            raise ValueError(f"optimizer_lr must be > 0, got {self.optimizer_lr}")
-        if self.optimizer_lr_backbone <= 0:
-            raise ValueError(f"optimizer_lr_backbone must be > 0, got {self.optimizer_lr_backbone}")
+        if self.optimizer_lr < 0:
+            raise ValueError(
+                f"optimizer_lr must be >= 0 (0: a frozen run), got {self.optimizer_lr}"
+            )
+        if self.optimizer_lr_backbone < 0:
+            raise ValueError(
+                f"optimizer_lr_backbone must be >= 0 (0: the backbone frozen), got {self.optimizer_lr_backbone}"
+            )
         if self.optimizer_weight_decay < 0:
             raise ValueError(
                 f"optimizer_weight_decay must be >= 0, got {self.optimizer_weight_decay}"

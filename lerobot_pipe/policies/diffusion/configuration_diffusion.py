@@ -213,8 +213,10 @@ class DiffusionConfig(PreTrainedConfig):
             )
 
     def _validate_optimizer(self) -> None:
-        if self.optimizer_lr <= 0:
-            raise ValueError(f"optimizer_lr must be > 0, got {self.optimizer_lr}")
+        if self.optimizer_lr < 0:
+            raise ValueError(
+                f"optimizer_lr must be >= 0 (0: a frozen run), got {self.optimizer_lr}"
+            )
         if self.optimizer_weight_decay < 0:
             raise ValueError(
                 f"optimizer_weight_decay must be >= 0, got {self.optimizer_weight_decay}"
