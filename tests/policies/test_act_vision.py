@@ -340,13 +340,14 @@ def test_damaged_cache_file_is_named(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_offline_with_an_empty_cache_fails_before_launch(
-    dataset_root, tmp_path, monkeypatch, capsys
+    diffusion_camera_root, tmp_path, monkeypatch, capsys
 ) -> None:
     """lerobot-train stops in its pre-launch checks (exit 2, nothing written) and says what to do."""
+    dataset_root = diffusion_camera_root  # a 48x48 top camera, with its statistics
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     features = {
-        "observation.images.top": {"type": "VISUAL", "shape": [3, 64, 64]},
+        "observation.images.top": {"type": "VISUAL", "shape": [3, 48, 48]},
         "observation.state": {"type": "STATE", "shape": [2]},
     }
     argv = [
