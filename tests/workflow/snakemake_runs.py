@@ -165,7 +165,8 @@ class Workspace:
 
     def trainers(self) -> set[int]:
         """The trainers running in this workspace now: each torchrun, and the parent of every
-        lerobot-train rank (a torchrun, or whatever adopted an orphaned rank)."""
+        trainer rank (``lerobot-train``, or ``lerobot-pipe train`` as the train job starts it;
+        its parent: a torchrun, or whatever adopted an orphaned rank)."""
         found = set()
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -177,7 +178,7 @@ class Workspace:
                 parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError):
                 continue
-            if not any(arg.endswith("lerobot-train") for arg in argv):
+            if not _is_trainer(argv):
                 continue
             is_torchrun = any(arg.endswith("torchrun") for arg in argv)
             found.add(int(entry.name) if is_torchrun else parent)
@@ -235,3 +236,13 @@ def pipeline_env(extra: dict | None = None) -> dict:
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra or {})
     return env
+
+
+def _is_trainer(argv: list[str]) -> bool:
+    """A process running our trainer: ``lerobot-train ...`` or ``lerobot-pipe train ...``
+    (directly or under torchrun)."""
+    return any(
+        arg.endswith("lerobot-train")
+        or (arg.endswith("lerobot-pipe") and argv[i + 1 : i + 2] == ["train"])
+        for i, arg in enumerate(argv)
+    )
