@@ -327,17 +327,23 @@ class PaliGemmaForConditionalGeneration(nn.Module):
 # --- the two stacks, pair by pair -----------------------------------------------------------
 
 
-def rope(x: Tensor, positions: Tensor) -> Tensor:
-    """Rotary embedding of (B, H, L, D) at integer ``positions`` (B, L): cos/sin computed in
-    float32 and cast to ``x``'s dtype, halves rotated (transformers' Gemma)."""
-    dim = x.shape[-1]
+def rotary(positions: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """(cos, sin), (B, 1, L, dim) float32, of the rotary embedding at integer ``positions``
+    (B, L) (transformers' Gemma: computed in float32); once per forward, for every layer."""
     inv_freq = 1.0 / (
-        ROPE_THETA ** (torch.arange(0, dim, 2, dtype=torch.int64, device=x.device).float() / dim)
+        ROPE_THETA
+        ** (torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).float() / dim)
     )
     freqs = positions.float()[:, :, None] * inv_freq[None, None, :]
     angles = torch.cat([freqs, freqs], dim=-1)
-    cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
-    half = dim // 2
+    return angles.cos()[:, None], angles.sin()[:, None]
+
+
+def rope(x: Tensor, rot: tuple[Tensor, Tensor]) -> Tensor:
+    """``rotary``'s (cos, sin), cast to ``x``'s dtype, applied to (B, H, L, D): halves
+    rotated."""
+    cos, sin = rot[0].to(x.dtype), rot[1].to(x.dtype)
+    half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
@@ -444,14 +450,14 @@ class PaliGemmaWithExpertModel(nn.Module):
         prefix: Tensor,
         suffix: Tensor,
         mask: Tensor,
-        positions: Tensor,
+        rot: tuple[Tensor, Tensor],
         cond: Tensor | None,
     ) -> tuple[Tensor | None, Tensor]:
         lm, ex = self.language_model.layers[i], self.expert.layers[i]
         q0, k0, v0, gate0 = lm.qkv(prefix, None)
         q1, k1, v1, gate1 = ex.qkv(suffix, cond)
-        query = rope(torch.cat([q0, q1], dim=2), positions)
-        key = rope(torch.cat([k0, k1], dim=2), positions)
+        query = rope(torch.cat([q0, q1], dim=2), rot)
+        key = rope(torch.cat([k0, k1], dim=2), rot)
         value = torch.cat([v0, v1], dim=2)
         att = attend(lm.self_attn, query, key, value, mask)
         p = prefix.shape[1]
@@ -461,11 +467,11 @@ class PaliGemmaWithExpertModel(nn.Module):
         return lm.finish(att[:, :p], prefix, gate0, None), suffix
 
     def _prefix_layer(
-        self, i: int, prefix: Tensor, mask: Tensor, positions: Tensor
+        self, i: int, prefix: Tensor, mask: Tensor, rot: tuple[Tensor, Tensor]
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         layer = self.language_model.layers[i]
         q, k, v, gate = layer.qkv(prefix, None)
-        q, k = rope(q, positions), rope(k, positions)
+        q, k = rope(q, rot), rope(k, rot)
         v = v.contiguous()  # a unit's outputs are no views (FSDP2 hooks them)
         if i == len(self.language_model.layers) - 1:
             return k, v, None  # the last layer's prefix output feeds nothing
@@ -478,12 +484,12 @@ class PaliGemmaWithExpertModel(nn.Module):
         values: Tensor,
         suffix: Tensor,
         mask: Tensor,
-        positions: Tensor,
+        rot: tuple[Tensor, Tensor],
         cond: Tensor | None,
     ) -> Tensor:
         layer = self.expert.layers[i]
         q, k, v, gate = layer.qkv(suffix, cond)
-        q, k = rope(q, positions), rope(k, positions)
+        q, k = rope(q, rot), rope(k, rot)
         key = torch.cat([keys, k.to(keys.dtype)], dim=2)
         value = torch.cat([values, v.to(values.dtype)], dim=2)
         return layer.finish(attend(layer.self_attn, q, key, value, mask), suffix, gate, cond)
@@ -508,11 +514,12 @@ class PaliGemmaWithExpertModel(nn.Module):
         ``mask`` (B, P+S, P+S) bool, ``positions`` (B, P+S), ``cond`` (B, width) for AdaRMS."""
         prefix, suffix = self._bf16_stream(prefix), self._bf16_stream(suffix)
         additive = additive_mask(mask)
+        rot = rotary(positions, self.language_model.layers[0].self_attn.head_dim)
         for i, (lm, ex) in enumerate(
             zip(self.language_model.layers, self.expert.layers, strict=True)
         ):
             prefix, suffix = lm.run_as_unit(
-                ex.run_as_unit, self._pair, i, prefix, suffix, additive, positions, cond
+                ex.run_as_unit, self._pair, i, prefix, suffix, additive, rot, cond
             )
         return self.expert.norm(suffix, cond)[0]
 
@@ -520,9 +527,10 @@ class PaliGemmaWithExpertModel(nn.Module):
         """Sampling, once per chunk: the prefix through the language model."""
         prefix = self._bf16_stream(prefix)
         additive = additive_mask(mask)
+        rot = rotary(positions, self.language_model.layers[0].self_attn.head_dim)
         keys, values = [], []
         for i, layer in enumerate(self.language_model.layers):
-            k, v, prefix = layer.run_as_unit(self._prefix_layer, i, prefix, additive, positions)
+            k, v, prefix = layer.run_as_unit(self._prefix_layer, i, prefix, additive, rot)
             keys.append(k)
             values.append(v)
         return PrefixCache(keys, values)
@@ -539,6 +547,7 @@ class PaliGemmaWithExpertModel(nn.Module):
         prefix. ``mask`` (B, S, P+S) bool, ``positions`` (B, S) continue the prefix's."""
         suffix = self._bf16_stream(suffix)
         additive = additive_mask(mask)
+        rot = rotary(positions, self.expert.layers[0].self_attn.head_dim)
         for i, layer in enumerate(self.expert.layers):
             suffix = layer.run_as_unit(
                 self._suffix_layer,
@@ -547,7 +556,7 @@ class PaliGemmaWithExpertModel(nn.Module):
                 cache.values[i],
                 suffix,
                 additive,
-                positions,
+                rot,
                 cond,
             )
         return self.expert.norm(suffix, cond)[0]
