@@ -51,6 +51,20 @@ def lerobot_venv(upstream, tmp_path_factory) -> Path:
     if linked.returncode != 0:
         shutil.rmtree(copy, ignore_errors=True)
         subprocess.run(["cp", "-a", str(source), str(copy)], check=True)
+    # Its console scripts (torchrun, ...) start the Python their shebang names: the copy's own,
+    # as in the user's venv. Each rewritten one is a new file (a hard link would change the
+    # original's); the snapshots below are taken after this.
+    for script in (copy / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        head = script.read_bytes()[:200]
+        shebang = f"#!{source}/bin/".encode()
+        if head.startswith(shebang):
+            text = script.read_bytes().replace(shebang, f"#!{copy}/bin/".encode(), 1)
+            fresh = script.with_name(script.name + ".copy")
+            fresh.write_bytes(text)
+            fresh.chmod(script.stat().st_mode)
+            fresh.replace(script)
     return copy
 
 
