@@ -265,6 +265,7 @@ def test_lerobots_act_on_fsdp2_by_flag(data, tmp_path):
     units = '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer","ACTDecoderLayer"]'
     argv = [*ACT, *dataset(data["camera"]), "--steps=4", "--batch_size=4", "--save_freq=4"]
     argv += [*COMMON, "--parallelism.dp_shard=2", units, "--checkpoint_format=dcp"]
+    argv += ["--accelerator.mixed_precision=bf16"]
     whose = run_distributed(train_whose, 2, [*argv, f"--output_dir={out}"])
     assert whose == ["lerobot.policies.act.configuration_act"] * 2
     assert (out / "checkpoints/000004/pretrained_model/pytorch_model_fsdp_0").is_dir()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Union
 
 from lerobot_pipe.configs.choice import UnknownChoice
-from lerobot_pipe.configs.parser import from_dict, to_dict
+from lerobot_pipe.configs.parser import ConfigError, from_dict, to_dict
 from lerobot_pipe.configs.policies import PreTrainedConfig
 
 # The policy types LeRobot 0.6.1 trains (lerobot.policies' registered configs).
@@ -189,6 +189,12 @@ def _ours(base: type, upstream_value: Any, prefix: str) -> Any:
     data["type"] = upstream_value.type if hasattr(upstream_value, "type") else data.get("type")
     if data["type"] is None:
         data["type"] = type(upstream_value).get_choice_name(type(upstream_value))
+    if data["type"] not in base.known_choices():
+        raise ConfigError(
+            f"LeRobot's {prefix.rstrip('.')} preset {data['type']!r} is not one this trainer "
+            f"runs ({', '.join(base.known_choices())}): pass --use_policy_training_preset=false "
+            f"with --{prefix}type=<one of them>"
+        )
     return from_dict(base, data, prefix)
 
 
