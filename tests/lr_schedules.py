@@ -66,6 +66,16 @@ CASES: dict[str, dict] = {
         },
         "steps": 10,
     },
+    # VQ-BeT's: constant while the VQ-VAE trains alone, then warmup and a cosine.
+    "vqbet": {
+        "scheduler": {
+            "type": "vqbet",
+            "num_warmup_steps": 3,
+            "num_vqvae_training_steps": 4,
+            "num_cycles": 0.5,
+        },
+        "steps": 14,
+    },
     # diffusers' schedules by name (Diffusion Policy's preset: cosine). piecewise_constant is
     # left out: it needs step_rules, which neither LeRobot's config nor ours passes.
     **{
@@ -157,6 +167,23 @@ LEROBOT_LRS: dict[str, list[list[float]]] = {
         [0.00018594235253127373, 1.8594235253127373e-06],
         [0.00012202456766718093, 1.2202456766718092e-06],
         [0.0001, 1.0000000000000002e-06],
+    ],
+    "vqbet": [
+        [0.001, 1e-05],
+        [0.001, 1e-05],
+        [0.001, 1e-05],
+        [0.001, 1e-05],
+        [0.0, 0.0],
+        [0.0003333333333333333, 3.3333333333333333e-06],
+        [0.0006666666666666666, 6.666666666666667e-06],
+        [0.001, 1e-05],
+        [0.0009797464868072487, 9.797464868072489e-06],
+        [0.0009206267664155906, 9.206267664155906e-06],
+        [0.0008274303669726426, 8.274303669726427e-06],
+        [0.0007077075065009433, 7.0770750650094335e-06],
+        [0.0005711574191366427, 5.711574191366427e-06],
+        [0.0004288425808633575, 4.2884258086335755e-06],
+        [0.0002922924934990568, 2.9229249349905686e-06],
     ],
     "diffuser/cosine": [
         [0.0, 0.0],

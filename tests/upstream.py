@@ -2,9 +2,12 @@
 
 LeRobot 0.6.1 needs Python 3.12 and its own torch, so it lives in its own virtual environment
 (``make lerobot-venv`` builds ``.venv-lerobot/``). ``LEROBOT_UPSTREAM_PYTHON`` names the Python of
-an existing one instead. Tests never import LeRobot: they start its console scripts and
-``tests/interop/upstream_driver.py`` with that Python, in a clean environment (offline Hub, one
-thread per process, no PYTHONPATH of ours).
+an existing one instead. Tests in our venv never import LeRobot: they start its console scripts
+and ``tests/interop/upstream_driver.py`` with that Python, in a clean environment (offline Hub,
+one thread per process, no PYTHONPATH of ours). The exception is tests/beside/: there this
+project is installed into a copy of LeRobot's venv, and tests run in it import both
+(``test_lerobot_policies_here.py``: LeRobot's own policies on our trainer, the only code of ours
+that imports LeRobot, ``lerobot_pipe/policies/lerobot_bridge/``).
 
 LeRobot 0.4.4 is run from an overlay, a folder holding lerobot 0.4.4 and the few pure-Python
 packages whose 0.6.1 versions it cannot use, put first on that same Python's path

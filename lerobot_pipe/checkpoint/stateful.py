@@ -37,6 +37,10 @@ from lerobot_pipe.checkpoint.lerobot_state import (
     restore_rng_state,
 )
 
+# A trainable parameter that no step has given a gradient yet has no optimizer state to save
+# (LeRobot's vqbet trains only its VQ-VAE for its first steps): loaded as it was, without state.
+_OPTIMIZER_LOAD = StateDictOptions(strict=False)
+
 
 def _full_options(**kwargs: Any) -> StateDictOptions:
     return StateDictOptions(full_state_dict=True, **kwargs)
@@ -87,7 +91,9 @@ class OptimizerState(Stateful):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         keep_implementation(
             self.optimizer,
-            lambda: set_optimizer_state_dict(self.model.module, self.optimizer, state_dict),
+            lambda: set_optimizer_state_dict(
+                self.model.module, self.optimizer, state_dict, options=_OPTIMIZER_LOAD
+            ),
         )
 
     def full_state_dict(self) -> dict[str, Any]:
@@ -99,7 +105,7 @@ class OptimizerState(Stateful):
 
     def load_full_state_dict(self, full: dict[str, Any]) -> None:
         """Collective: set every rank's part from the main rank's whole ``full``."""
-        options = _full_options(broadcast_from_rank0=dist.is_initialized())
+        options = _full_options(broadcast_from_rank0=dist.is_initialized(), strict=False)
         keep_implementation(
             self.optimizer,
             lambda: set_optimizer_state_dict(

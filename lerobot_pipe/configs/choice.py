@@ -12,6 +12,10 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 
+class UnknownChoice(ValueError):
+    """A name that no class is registered under, nor offered by the base's fallback."""
+
+
 class ChoiceRegistry:
     type: ClassVar[str]
     # The choice a bare ``--<field>.<key>=...`` flag creates when no ``type`` was given.
@@ -19,6 +23,10 @@ class ChoiceRegistry:
     _choices: ClassVar[dict[str, type]]
     # What the choice is of, for messages: "policy", "optimizer", ...
     choice_kind: ClassVar[str] = ""
+    # Where a base finds the classes of names registered nowhere here (LeRobot's own policy
+    # types, installed beside us): ``name -> class`` or ValueError saying why there is none;
+    # set by the package that provides them.
+    choice_fallback: ClassVar[Callable[[str], type] | None] = None
 
     def __init_subclass__(
         cls, choice_base: bool = False, choice_kind: str = "", **kwargs: Any
@@ -44,18 +52,28 @@ class ChoiceRegistry:
 
     @classmethod
     def get_choice_class(cls, name: str) -> type:
-        """The class registered as ``name``; ValueError listing the known names otherwise."""
-        try:
-            return cls._choices[name]
-        except KeyError:
-            why = getattr(cls, "refused_choices", {}).get(name)
-            if why is not None:
-                raise ValueError(
-                    f"{cls.choice_kind} type {name!r} is not built here: {why}"
-                ) from None
-            raise ValueError(
-                f"unknown {cls.choice_kind} type {name!r}; known types: {cls.known_choices()}"
-            ) from None
+        """The class registered as ``name``, else the one the base's fallback offers;
+        ValueError saying why there is none (:class:`UnknownChoice` listing the known names when
+        nothing knows the name)."""
+        registered = cls._choices.get(name)
+        if registered is not None:
+            return registered
+        fallback_error: ValueError | None = None
+        if cls.choice_fallback is not None:
+            try:
+                return cls.choice_fallback(name)
+            except UnknownChoice:
+                pass
+            except ValueError as e:
+                fallback_error = e
+        why = getattr(cls, "refused_choices", {}).get(name)
+        if why is not None:
+            raise ValueError(f"{cls.choice_kind} type {name!r} is not built here: {why}")
+        if fallback_error is not None:
+            raise fallback_error
+        raise UnknownChoice(
+            f"unknown {cls.choice_kind} type {name!r}; known types: {cls.known_choices()}"
+        )
 
     @classmethod
     def known_choices(cls) -> list[str]:

@@ -7,7 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from lerobot_pipe import constants as C
-from lerobot_pipe.configs.parser import ConfigError, apply_flags, from_dict, read_json, split_flags
+from lerobot_pipe.configs.parser import (
+    ConfigError,
+    apply_flags,
+    from_dict,
+    read_json,
+    split_flags,
+    to_dict,
+)
 from lerobot_pipe.configs.policies import PreTrainedConfig
 from lerobot_pipe.configs.train import TrainConfig
 from lerobot_pipe.utils.locate import (
@@ -26,6 +33,10 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
     and the checkpoint step folder ``--config_path`` pointed into (if any)."""
     flags = split_flags(argv)
     config_path = flags.pop("config_path", None)
+    implementation = flags.pop("policy.implementation", None)
+    if implementation == "lerobot" and flags.get("policy.type"):
+        # LeRobot's class from the start, so that each --policy.* flag is one of its fields.
+        flags["policy.type"] = f"lerobot:{flags['policy.type']}"
     source_step: Path | None = None
     if config_path is not None:
         path = _config_file(config_path, flags.get("output_dir"))
@@ -52,6 +63,8 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
         cfg.policy = loaded
         cfg.policy.pretrained_path = str(local)
     apply_flags(cfg, flags)
+    if implementation is not None:
+        cfg.policy = _implemented_by(cfg.policy, implementation)
     if cfg.policy is not None and cfg.peft is None and policy_path is not None:
         # Fine-tuning a LoRA checkpoint without --peft trains its merged weights in full.
         cfg.policy.use_peft = False
@@ -61,6 +74,38 @@ def parse_train_config(argv: list[str]) -> tuple[TrainConfig, Path | None]:
         except ValueError as e:
             raise ConfigError(f"--policy.*: {e}") from None
     return cfg, source_step
+
+
+def _implemented_by(policy: PreTrainedConfig | None, implementation: str) -> PreTrainedConfig:
+    """``--policy.implementation``: ``lerobot_pipe`` (the default: ours where we implement the
+    type, else LeRobot's) or ``lerobot`` (LeRobot's own class, installed beside us). Not a field
+    of any config: it is never written, so a resumed or reloaded run names it again."""
+    choices = ("lerobot_pipe", "lerobot")
+    if implementation not in choices:
+        raise ConfigError(
+            f"--policy.implementation={implementation!r}: choose one of {', '.join(choices)}"
+        )
+    if policy is None:
+        raise ConfigError("--policy.implementation needs --policy.type or --policy.path")
+    is_lerobots = type(policy).__module__.startswith("lerobot_pipe.policies.lerobot_bridge")
+    if (implementation == "lerobot") == is_lerobots:
+        return policy
+    name = f"lerobot:{policy.type}" if implementation == "lerobot" else policy.type
+    try:
+        cls = PreTrainedConfig.get_choice_class(name)
+    except ValueError as e:
+        raise ConfigError(f"--policy.implementation={implementation}: {e}") from None
+    if implementation == "lerobot_pipe" and cls.__module__ == type(policy).__module__:
+        raise ConfigError(
+            f"--policy.implementation=lerobot_pipe: lerobot_pipe does not implement "
+            f"{policy.type!r} (LeRobot's policy)"
+        )
+    data = to_dict(policy)
+    data["type"] = name
+    try:
+        return from_dict(PreTrainedConfig, data, "policy.", lenient=True)
+    except (ConfigError, ValueError) as e:
+        raise ConfigError(f"--policy.implementation={implementation}: {e}") from None
 
 
 def _upgrade_legacy(data: dict) -> dict:

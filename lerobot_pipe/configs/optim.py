@@ -2,7 +2,7 @@
 
 ``--optimizer.type`` / ``--scheduler.type`` choose the class (``adam``, ``adamw``, ``sgd``;
 ``constant_with_warmup``, ``cosine_annealing_with_warmup``, ``cosine_decay_with_warmup``,
-``diffuser``); lerobot_pipe.training.optim builds them.
+``diffuser``, ``vqbet``); lerobot_pipe.training.optim builds them.
 """
 
 from __future__ import annotations
@@ -111,3 +111,18 @@ class DiffuserSchedulerConfig(SchedulerConfig):
     """A schedule of diffusers' ``get_scheduler(name)`` (cosine, linear, constant, ...)."""
 
     name: str = "cosine"  # diffusers' schedule name (cosine, linear, constant, ...)
+
+
+@SchedulerConfig.register_subclass("vqbet")
+@dataclass
+class VQBeTSchedulerConfig(SchedulerConfig):
+    """VQ-BeT's (LeRobot's ``vqbet``): lr constant while the VQ-VAE trains alone, then linear
+    warmup and a cosine of ``num_cycles`` periods over the run's remaining steps."""
+
+    num_warmup_steps: int | None = 0
+    num_vqvae_training_steps: int = 0  # loop steps that train the VQ-VAE alone
+    num_cycles: float = 0.5  # cosine periods after the warmup
+
+    def validate(self) -> None:
+        super().validate()
+        checks.non_negative("scheduler.num_vqvae_training_steps", self.num_vqvae_training_steps)

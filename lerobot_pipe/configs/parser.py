@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar, Union
 
 from lerobot_pipe import fsutil
-from lerobot_pipe.configs.choice import ChoiceRegistry
+from lerobot_pipe.configs.choice import ChoiceRegistry, UnknownChoice
 
 log = logging.getLogger(__name__)
 
@@ -304,11 +304,14 @@ def _choice_class(base: type, name: Any, prefix: str) -> type:
     what = prefix.rstrip(".").rsplit(".", 1)[-1]  # policy, optimizer, scheduler
     if is_null(name):
         raise ConfigError(f"--{prefix}type is required; choose one of: {', '.join(known)}")
-    if name not in known:
+    try:
+        return base.get_choice_class(name)
+    except UnknownChoice:
         raise ConfigError(
             f"--{prefix}type={name!r}: unknown {what} type; choose one of: {', '.join(known)}"
-        )
-    return base.get_choice_class(name)
+        ) from None
+    except ValueError as e:
+        raise ConfigError(f"--{prefix}type={name!r}: {e}") from None
 
 
 def _new_group(cls: type, prefix: str, first_key: str) -> Any:

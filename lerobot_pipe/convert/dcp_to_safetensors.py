@@ -162,7 +162,7 @@ def _adapter_key_map(pretrained: Path, metadata: Metadata) -> dict[str, str]:
     with torch.device("meta"):  # the module structure only: nothing allocated or initialized
         try:
             config = PreTrainedConfig.from_pretrained(pretrained)
-            policy = get_policy_class(config.type)(config, pretrained_parts=False)
+            policy = get_policy_class(config)(config, pretrained_parts=False)
         except (OSError, ValueError, TypeError) as e:
             raise ConversionError(
                 f"cannot build the policy of {pretrained / C.CONFIG_NAME}, which names the "

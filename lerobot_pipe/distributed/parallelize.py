@@ -120,7 +120,8 @@ def select_wrap_units(
             f"{flag}: FSDP2 gathers a unit's parameters when its forward runs, and the policy "
             f"uses these units without calling their forward: {shown}{more}; name classes whose "
             "forward runs (their children or parents), or pass "
-            "--accelerator.fsdp.min_num_params=N, which passes over such modules"
+            "--accelerator.fsdp.min_num_params=N, which passes over such modules, or train "
+            "with DDP (--parallelism.dp_shard=1), which needs no units"
         )
     return units
 
@@ -409,7 +410,10 @@ def apply_parallelism(
     return DistributedDataParallel(
         model,
         device_ids=[env.device.index] if env.device.type == "cuda" else None,
-        find_unused_parameters=ddp.find_unused_parameters,
+        # A policy whose forward leaves some parameters out by design says so (LeRobot's vqbet
+        # trains its VQ-VAE alone first).
+        find_unused_parameters=ddp.find_unused_parameters
+        or getattr(model, "ddp_find_unused_parameters", False),
         gradient_as_bucket_view=ddp.gradient_as_bucket_view,
         static_graph=ddp.static_graph,
     )

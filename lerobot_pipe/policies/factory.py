@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lerobot_pipe.configs.choice import UnknownChoice
 from lerobot_pipe.configs.policies import PreTrainedConfig
 from lerobot_pipe.constants import POLICY_POSTPROCESSOR_NAME, POLICY_PREPROCESSOR_NAME
+from lerobot_pipe.policies import lerobot_bridge
 from lerobot_pipe.policies.pretrained import PreTrainedPolicy, dataset_to_policy_features
 from lerobot_pipe.processors.normalize import NormalizerProcessorStep, UnnormalizerProcessorStep
 from lerobot_pipe.processors.pipeline import PolicyProcessorPipeline, ProcessorStep
@@ -71,15 +73,24 @@ def make_policy_config(policy_type: str, **fields: Any) -> PreTrainedConfig:
     return PreTrainedConfig.get_choice_class(policy_type)(**fields)
 
 
-def get_policy_class(policy_type: str) -> type[PreTrainedPolicy]:
-    """The policy class of ``policy_type``; ValueError listing known types."""
+def get_policy_class(policy: str | PreTrainedConfig) -> type[PreTrainedPolicy]:
+    """The policy class of a config, or of a type name: ours where we implement the type, else
+    LeRobot's own (installed beside us; lerobot_bridge), and LeRobot's for a config of
+    LeRobot's class (``--policy.implementation=lerobot``). ValueError listing known types, or
+    naming LeRobot's install for one of its types."""
+    if isinstance(policy, lerobot_bridge.LeRobotPolicyConfig):
+        return lerobot_bridge.policy_class(policy.type)
+    policy_type = policy if isinstance(policy, str) else policy.type
     classes = PreTrainedPolicy.policy_classes()
-    try:
+    if policy_type in classes:
         return classes[policy_type]
-    except KeyError:
+    try:
+        lerobot_bridge.upstream_config_class(policy_type)
+    except UnknownChoice:
         raise ValueError(
             f"unknown policy type {policy_type!r}; known types: {sorted(classes)}"
         ) from None
+    return lerobot_bridge.policy_class(policy_type)
 
 
 def fill_features(cfg: PreTrainedConfig, dataset_features: dict | None) -> None:
@@ -113,7 +124,7 @@ def make_policy(
     every weight).
     """
     fill_features(cfg, dataset_features)
-    policy_cls = get_policy_class(cfg.type)
+    policy_cls = get_policy_class(cfg)
     if cfg.pretrained_path:
         from lerobot_pipe.policies.peft import load_pretrained_policy
 
@@ -146,7 +157,15 @@ def make_pre_post_processors(
     postprocessor_config_filename: str = f"{POLICY_POSTPROCESSOR_NAME}.json",
 ) -> tuple[PolicyProcessorPipeline, PolicyProcessorPipeline]:
     """The policy's (preprocessor, postprocessor): loaded from ``pretrained_path`` (a folder or
-    a Hub repo id) when given, else built from ``policy_cfg`` and ``dataset_stats``."""
+    a Hub repo id) when given, else built from ``policy_cfg`` and ``dataset_stats``. LeRobot's
+    own (its pipelines and steps) for a LeRobot policy's config."""
+    if isinstance(policy_cfg, lerobot_bridge.LeRobotPolicyConfig):
+        return lerobot_bridge.make_processors(
+            policy_cfg,
+            dataset_stats=dataset_stats,
+            pretrained_path=pretrained_path,
+            device=policy_cfg.device,
+        )
     if pretrained_path is not None:
         folder = local_policy_folder(
             str(pretrained_path), pretrained_revision, required_file=preprocessor_config_filename
@@ -184,3 +203,5 @@ def make_pre_post_processors(
 
 
 discover_policies()
+# A --policy.type registered nowhere here: LeRobot's own, when LeRobot is installed beside us.
+PreTrainedConfig.choice_fallback = staticmethod(lerobot_bridge.lerobot_config_class)

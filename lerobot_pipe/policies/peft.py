@@ -112,7 +112,7 @@ def load_pretrained_policy(
 
     path = Path(path)
     config = config or PreTrainedConfig.from_pretrained(path)
-    policy_cls = get_policy_class(config.type)
+    policy_cls = get_policy_class(config)
     if not (path / C.ADAPTER_CONFIG_NAME).is_file():
         return policy_cls.from_pretrained(path, config=config)
     from peft import set_peft_model_state_dict

@@ -19,6 +19,10 @@ def banner(
     sharding: ShardingPlan | None = None,
 ) -> str:
     cfg, dims = plan.cfg, plan.dims
+    upstream = getattr(cfg.policy, "upstream_class", None)  # LeRobot's own policy (lerobot_bridge)
+    whose = (
+        f"LeRobot's own, {upstream.__module__.rpartition('.')[0]}" if upstream else "lerobot_pipe"
+    )
     ga = cfg.accelerator.gradient_accumulation.steps
     eff = cfg.batch_size * dims.dp_world_size * ga
     lines = [
@@ -28,7 +32,7 @@ def banner(
         f"precision: {cfg.accelerator.mixed_precision}; checkpoint format: {cfg.checkpoint_format}"
         f"{' (async)' if cfg.checkpoint_async else ''}"
         f"{f', keeping the last {cfg.checkpoint_keep_last}' if cfg.checkpoint_keep_last else ''}",
-        f"Policy: {cfg.policy.type}, {num_params[0]:,} parameters ({num_params[1]:,} trainable); "
+        f"Policy: {cfg.policy.type} ({whose}), {num_params[0]:,} parameters ({num_params[1]:,} trainable); "
         f"dataset: {plan.dataset.root} ({len(plan.dataset)} frames, {plan.dataset.num_episodes} episodes)",
         f"Steps: {cfg.steps} loop steps (micro-batches per worker); save every {cfg.save_freq or 'end'}; "
         f"output: {plan.output_dir}",

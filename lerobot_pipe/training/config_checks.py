@@ -29,7 +29,8 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
     if cfg.policy.push_to_hub:
         _check_publishable(cfg)
     if cfg.eval_steps > 0:
-        forward = inspect.signature(get_policy_class(cfg.policy.type).forward)
+        policy_cls = get_policy_class(cfg.policy)
+        forward = inspect.signature(getattr(policy_cls, "upstream_forward", policy_cls.forward))
         if "reduction" not in forward.parameters:
             raise ConfigError(
                 f"--eval_steps={cfg.eval_steps}: policy {cfg.policy.type!r} defines no "

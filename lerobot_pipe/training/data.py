@@ -25,6 +25,7 @@ from lerobot_pipe.datasets import (
 )
 from lerobot_pipe.datasets.stream_sampler import StreamSampler
 from lerobot_pipe.datasets.streaming import StreamingLeRobotDataset
+from lerobot_pipe.policies import lerobot_bridge
 from lerobot_pipe.policies.factory import make_pre_post_processors
 from lerobot_pipe.processors import (
     MissingStats,
@@ -160,6 +161,17 @@ def make_processors(
     ``--rename_map``. Statistics: a resumed run's own (saved in its checkpoint), else the
     dataset's (also when fine-tuning with --policy.path, as LeRobot does)."""
     cfg = plan.cfg
+    if isinstance(cfg.policy, lerobot_bridge.LeRobotPolicyConfig):
+        # LeRobot's pipelines and steps: a resumed run loads its saved pair, as LeRobot does.
+        return lerobot_bridge.make_processors(
+            cfg.policy,
+            dataset_stats=plan.dataset.stats,
+            pretrained_path=None
+            if plan.resume_from is None
+            else plan.resume_from / C.PRETRAINED_MODEL_DIR,
+            device=device_type,
+            rename_map=cfg.rename_map,
+        )
     stats: dict = plan.dataset.stats
     if plan.resume_from is not None:
         saved, _ = make_pre_post_processors(

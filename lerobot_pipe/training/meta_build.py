@@ -140,7 +140,7 @@ def _record_build(plan: TrainingPlan, env: DistEnv) -> MetaBuilt:
     model_file = _pretrained_file(cfg.policy)
     build = MetaBuild()
     with build.recording():
-        policy = get_policy_class(cfg.policy.type)(cfg.policy, pretrained_parts=pretrained_parts)
+        policy = get_policy_class(cfg.policy)(cfg.policy, pretrained_parts=pretrained_parts)
     policy.train()
     state = policy.state_dict(keep_vars=True)  # the file's names, before PEFT's
     pre, post = make_processors(plan, env.device.type)

@@ -24,6 +24,7 @@ from lerobot_pipe.configs.optim import (
     OptimizerConfig,
     SchedulerConfig,
     SGDConfig,
+    VQBeTSchedulerConfig,
 )
 from lerobot_pipe.configs.parser import ConfigError
 
@@ -116,6 +117,22 @@ def _cosine_decay_with_warmup(cfg: CosineDecayWithWarmupSchedulerConfig, total_s
     return multiplier
 
 
+def _vqbet(cfg: VQBeTSchedulerConfig, total_steps: int):
+    warmup, vqvae = cfg.num_warmup_steps or 0, cfg.num_vqvae_training_steps
+
+    def multiplier(step: int) -> float:
+        if step < vqvae:
+            return 1.0
+        step -= vqvae
+        if step < warmup:
+            return step / max(1, warmup)
+        # As LeRobot's: the cosine's length is the run's steps less the warmup (not the VQ-VAE's).
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * cfg.num_cycles * 2.0 * progress)))
+
+    return multiplier
+
+
 def check_diffuser_schedule(cfg: DiffuserSchedulerConfig) -> None:
     """Fail before launch when diffusers (which provides these schedules) is missing."""
     try:
@@ -149,6 +166,8 @@ def make_scheduler(
         multiplier = _cosine_annealing_with_warmup(cfg.num_warmup_steps or 0, total_steps)
     elif isinstance(cfg, CosineDecayWithWarmupSchedulerConfig):
         multiplier = _cosine_decay_with_warmup(cfg, total_steps)
+    elif isinstance(cfg, VQBeTSchedulerConfig):
+        multiplier = _vqbet(cfg, total_steps)
     else:
         raise ConfigError(f"--scheduler.type={cfg.type}: not supported")
     return LambdaLR(optimizer, multiplier)

@@ -258,7 +258,7 @@ def build_on_meta_for_checks(
         ) from None
     with torch.device("meta"):
         try:
-            policy = get_policy_class(cfg.policy.type)(policy_cfg, pretrained_parts=False)
+            policy = get_policy_class(policy_cfg)(policy_cfg, pretrained_parts=False)
         except ImportError as e:  # an optional dependency of the policy (diffusers)
             raise ConfigError(f"--policy.type={cfg.policy.type}: {e}") from None
         trainee = policy

@@ -43,14 +43,16 @@ def plan_units_on_the_real_model(
     device: torch.device,
 ) -> ShardingPlan:
     """The run's FSDP2 wrap units when the meta device could not run the probe before launch
-    (``plan.sharding_unprobed``): planned once the main rank has run the still unsharded policy
+    (``plan.sharding_unprobed``): planned once every rank has run the still unsharded policy
     on one real batch. A module whose forward that skips cannot be a unit (the size policy
     passes over it; a unit chosen by class is refused, naming it). Before the first step, so
     that this fails with a message instead of FSDP2's "mixed torch.Tensor and DTensor" in the
     middle of the model. Collective."""
-    bypassed = run_on_main(
-        probe_forwards, plan, policy, trainee, pre, device, what="running the policy once"
-    )
+    # Every rank runs it, on the same batch: a policy's forward may hold collectives of its own
+    # (LeRobot's vqbet all-reduces its codebook), which a probe on the main rank alone would
+    # leave waiting for the others. The main rank's answer is every rank's.
+    bypassed = probe_forwards(plan, policy, trainee, pre, device)
+    bypassed = run_on_main(lambda: bypassed, what="running the policy once")
     return plan_sharding(trainee, plan.cfg.accelerator, type(policy)._fsdp_wrap_modules, bypassed)
 
 

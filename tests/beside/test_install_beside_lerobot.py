@@ -4,7 +4,8 @@ links, so the copy costs no disk and the original stays untouched) changes no ve
 resolved, leaves ``pip check`` clean and every file LeRobot's venv installed as its RECORD says
 (so LeRobot's lerobot-train and lerobot-eval stay LeRobot's), on install and on uninstall.
 Installed there, the Hub tests (tests/hub) pass on LeRobot's huggingface_hub 1.x (httpx), as
-they do on 2.x (httpx2) in our own venv.
+they do on 2.x (httpx2) in our own venv, and LeRobot's own policies train on our trainer
+(test_lerobot_policies_here.py).
 
 CI runs this module in LeRobot's venv build step (``make test-beside``, .ci/run); it is marked
 interop (it runs LeRobot's venv) and beside (``pytest -m beside``)."""
@@ -50,6 +51,20 @@ def lerobot_venv(upstream, tmp_path_factory) -> Path:
     if linked.returncode != 0:
         shutil.rmtree(copy, ignore_errors=True)
         subprocess.run(["cp", "-a", str(source), str(copy)], check=True)
+    # Its console scripts (torchrun, ...) start the Python their shebang names: the copy's own,
+    # as in the user's venv. Each rewritten one is a new file (a hard link would change the
+    # original's); the snapshots below are taken after this.
+    for script in (copy / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        head = script.read_bytes()[:200]
+        shebang = f"#!{source}/bin/".encode()
+        if head.startswith(shebang):
+            text = script.read_bytes().replace(shebang, f"#!{copy}/bin/".encode(), 1)
+            fresh = script.with_name(script.name + ".copy")
+            fresh.write_bytes(text)
+            fresh.chmod(script.stat().st_mode)
+            fresh.replace(script)
     return copy
 
 
@@ -149,16 +164,13 @@ def test_our_commands_are_under_our_name_and_lerobots_stay_lerobots(beside):
     assert all(f"  {c} " in listed.stdout for c in ("train", "eval", "convert-dcp"))
 
 
-def test_the_hub_tests_pass_on_lerobots_huggingface_hub(beside):
-    """tests/hub in LeRobot's venv (huggingface_hub 1.x, its client httpx): the installed
-    lerobot_pipe, not the checkout (run from outside it)."""
-    venv, _ = beside
-    hub = installed(venv)["huggingface-hub"].version
-    assert hub.startswith("1."), hub
+def run_tests_in(venv: Path, tests: Path) -> subprocess.CompletedProcess:
+    """``tests`` run by pytest in ``venv`` against the lerobot_pipe installed there, not the
+    checkout (run from outside it, without our PYTHONPATH)."""
     done = pip(venv, "install", "--no-compile", "pytest")
     assert done.returncode == 0, done.stderr[-3000:]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    run = subprocess.run(
+    return subprocess.run(
         [
             str(venv / "bin/python"),
             "-m",
@@ -170,7 +182,7 @@ def test_the_hub_tests_pass_on_lerobots_huggingface_hub(beside):
             str(REPO),
             "-c",
             str(REPO / "pyproject.toml"),
-            str(REPO / "tests/hub"),
+            str(tests),
         ],
         cwd=venv,
         env=env,
@@ -178,7 +190,16 @@ def test_the_hub_tests_pass_on_lerobots_huggingface_hub(beside):
         text=True,
         timeout=PIP_TIMEOUT_S,
     )
+
+
+def test_the_hub_tests_pass_on_lerobots_huggingface_hub(beside):
+    """tests/hub in LeRobot's venv (huggingface_hub 1.x, its client httpx)."""
+    venv, _ = beside
+    hub = installed(venv)["huggingface-hub"].version
+    assert hub.startswith("1."), hub
+    run = run_tests_in(venv, REPO / "tests/hub")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     assert (
         "/site-packages/lerobot_pipe/"
         in subprocess.run(
@@ -190,6 +211,15 @@ def test_the_hub_tests_pass_on_lerobots_huggingface_hub(beside):
             check=True,
         ).stdout
     )
+
+
+def test_lerobots_own_policies_train_here(beside):
+    """tests/beside/test_lerobot_policies_here.py where it runs: LeRobot's vqbet and ACT on
+    our trainer (DDP, FSDP2, resume), their checkpoints read by LeRobot's loaders."""
+    venv, _ = beside
+    run = run_tests_in(venv, REPO / "tests/beside/test_lerobot_policies_here.py")
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert "5 passed" in run.stdout, run.stdout[-3000:]
 
 
 def test_uninstalling_changes_nothing_lerobot_installed(beside):

@@ -1,0 +1,291 @@
+"""LeRobot's own policies on our trainer, in a venv that holds both (LeRobot 0.6.1 and this
+project installed beside it: test_install_beside_lerobot.py runs this module there; elsewhere
+it skips). A type we do not implement (vqbet) trains LeRobot's class with LeRobot's config,
+flags and processors, on DDP, resumes on another world size, and LeRobot's own loaders read the
+checkpoints strictly; ``--policy.implementation=lerobot`` trains LeRobot's ACT on FSDP2 with
+units named by ``--accelerator.fsdp.wrap_modules``; a unit whose forward never runs is refused
+by name before the first step."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.interop, pytest.mark.beside]
+
+lerobot = pytest.importorskip("lerobot", reason="runs where LeRobot is installed beside us")
+
+from launch import run_distributed  # noqa: E402
+from tiny import run_train  # noqa: E402
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # this module runs in a process of its own (beside's)
+
+BIN = Path(sys.executable).parent
+TIMEOUT_S = 600
+# vqbet small enough for 2 CPU cores: its VQ-VAE trains alone for 5 steps, then the GPT.
+VQBET = [
+    "--policy.type=vqbet",
+    "--policy.crop_shape=[56,56]",
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.n_vqvae_training_steps=5",
+    "--policy.gpt_n_layer=2",
+]
+ACT = [
+    "--policy.type=act",
+    "--policy.implementation=lerobot",
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.dim_model=64",
+    "--policy.n_heads=2",
+    "--policy.dim_feedforward=128",
+    "--policy.chunk_size=10",
+    "--policy.n_action_steps=10",
+]
+SYNTHETIC = {"num_episodes": 6, "episode_length": 30, "image_size": 64}
+REPO = Path(__file__).resolve().parents[2]
+# Keys of our train_config.json that LeRobot 0.6.1 does not know (docs/compatibility.md).
+EXTENSION_KEYS = ("parallelism", "accelerator", "checkpoint_format")
+
+
+def env() -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("RANK")}
+    return {**out, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+
+COMMON = ["--policy.device=cpu", "--wandb.enable=false", "--log_freq=5"]
+
+
+def train(args: list[str], out: Path, nproc: int = 1, check: bool = True):
+    common = COMMON
+    if nproc == 1:
+        command = [str(BIN / "lerobot-pipe"), "train"]
+    else:
+        # torchrun $(which lerobot-pipe) train ...: the launcher of this venv's Python (a copied
+        # venv's own torchrun script names the original's)
+        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+        command = [*launcher, str(BIN / "lerobot-pipe"), "train"]
+    run = subprocess.run(
+        [*command, *args, *common],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=out.parent,
+    )
+    log = run.stdout + run.stderr
+    if check:
+        assert run.returncode == 0, log[-6000:]
+    return run.returncode, log
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    from lerobot_pipe.datasets import write_synthetic_dataset
+
+    root = tmp_path_factory.mktemp("data")
+    common = {**SYNTHETIC, "cameras": ["top"]}
+    return {
+        # vqbet takes no environment state
+        "pixels": write_synthetic_dataset(root / "pixels", pixels_only=True, **common),
+        "camera": write_synthetic_dataset(root / "camera", **common),
+    }
+
+
+def dataset(root: Path) -> list[str]:
+    return [f"--dataset.root={root}", "--dataset.repo_id=synthetic/reach"]
+
+
+@pytest.fixture(scope="module")
+def vqbet_pipeline(tmp_path_factory) -> Path:
+    """The pipeline (snakemake, a fresh copy of the workflow) on LeRobot's vqbet: its synthetic
+    dataset with a camera, validate, DDP on 2 processes (DCP checkpoints at steps 5 and 10),
+    conversion, evaluation in the synthetic task's environment, the best checkpoint."""
+    root = tmp_path_factory.mktemp("pipeline")
+    for name in ("Snakefile", "workflow", "config", "envs"):
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, root / name)
+    policy = {"type": "vqbet", **dict(flag[len("--policy.") :].split("=", 1) for flag in VQBET)}
+    policy.pop("type")
+    config = {
+        "run": "vqbet",
+        "dataset": {"synthetic": {**SYNTHETIC, "cameras": ["top"], "pixels_only": True}},
+        "launch": {"nproc_per_node": 2},
+        "train": {
+            "steps": 10,
+            "save_freq": 5,
+            "batch_size": 4,
+            "parallelism": {"dp_shard": 1},
+            "policy": {"type": "vqbet", **{k: json.loads(v) for k, v in policy.items()}},
+        },
+        "eval": {"env": {"type": "synthetic"}, "n_episodes": 2, "batch_size": 2},
+    }
+    (root / "vqbet.yaml").write_text(json.dumps(config))
+    run = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "vqbet.yaml"],
+        cwd=root,
+        env={**env(), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-4000:]
+    return root / "results/vqbet"
+
+
+@pytest.fixture(scope="module")
+def vqbet_resumed(vqbet_pipeline, tmp_path_factory) -> tuple[Path, str]:
+    """The pipeline run's step-5 checkpoint (DDP, DCP) resumed on one process, twice the batch
+    per process."""
+    out = tmp_path_factory.mktemp("resumed") / "run"
+    shutil.copytree(vqbet_pipeline / "train", out, symlinks=True)
+    shutil.rmtree(out / "checkpoints/000010")
+    (out / "checkpoints/last").unlink()
+    (out / "checkpoints/last").symlink_to("000005")
+    config = out / "checkpoints/000005/pretrained_model/train_config.json"
+    _, log = train(
+        [f"--config_path={config}", "--resume=true", "--batch_size=8", f"--output_dir={out}"]
+        + ["--checkpoint_format=safetensors", f"--dataset.root={vqbet_pipeline / 'dataset'}"],
+        out,
+    )
+    return out, log
+
+
+def pretrained(run: Path, step: int) -> Path:
+    return run / f"checkpoints/{step:06d}/pretrained_model"
+
+
+def assert_lerobot_loads_it_strictly(folder: Path, policy_type: str) -> None:
+    """LeRobot's own loaders: config, weights (strict, every tensor the file's), processors
+    with lerobot-eval's overrides, and train_config.json less our documented extension keys."""
+    import draccus
+    import torch
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.configs.train import TrainPipelineConfig
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+    from safetensors.torch import load_file
+
+    config = PreTrainedConfig.from_pretrained(folder)
+    assert config.type == policy_type
+    policy = get_policy_class(policy_type).from_pretrained(folder, strict=True)
+    file = load_file(folder / "model.safetensors")
+    state = policy.state_dict()
+    assert set(file) == set(state)
+    assert all(torch.equal(file[k], state[k]) for k in file)
+    make_pre_post_processors(
+        config,
+        pretrained_path=str(folder),
+        preprocessor_overrides={
+            "device_processor": {"device": "cpu"},
+            "rename_observations_processor": {"rename_map": {}},
+        },
+    )
+    train_config = json.loads((folder / "train_config.json").read_text())
+    for key in EXTENSION_KEYS:
+        train_config.pop(key, None)
+    assert draccus.decode(TrainPipelineConfig, train_config).policy.type == policy_type
+    for name in ("config.json", "train_config.json"):
+        assert "implementation" not in (folder / name).read_text()
+
+
+def test_the_pipeline_trains_converts_and_evaluates_lerobots_vqbet(vqbet_pipeline):
+    log = (vqbet_pipeline / "logs/train.log").read_text()
+    assert "Policy: vqbet (LeRobot's own, lerobot.policies.vqbet)" in log
+    assert "Processes: 2 (gloo" in log
+    for step in ("000005", "000010"):
+        folder = vqbet_pipeline / f"converted/{step}/pretrained_model"
+        assert_lerobot_loads_it_strictly(folder, "vqbet")
+        info = json.loads((vqbet_pipeline / f"eval/{step}/eval_info.json").read_text())
+        assert info["overall"]["n_episodes"] == 2
+    best = json.loads((vqbet_pipeline / "eval/best.json").read_text())
+    assert best["step"] in ("000005", "000010")
+
+
+def test_vqbet_checkpoint_predicts_lerobots_actions(vqbet_pipeline):
+    """Ours (LeRobot's class inside our wrapper, loaded by our factory) and LeRobot's own
+    loader give the same actions on the same observations and seeds."""
+    import torch
+    from lerobot.policies.factory import get_policy_class as lerobots
+    from lerobot.policies.factory import make_pre_post_processors
+
+    from lerobot_pipe.datasets import LeRobotDataset
+    from lerobot_pipe.policies.factory import get_policy_class
+
+    folder = vqbet_pipeline / "converted/000010/pretrained_model"
+    theirs = lerobots("vqbet").from_pretrained(folder, strict=True)
+    ours = get_policy_class("vqbet").from_pretrained(folder)
+    assert type(ours).__module__.startswith("lerobot_pipe.policies.lerobot_bridge")
+    pre, post = make_pre_post_processors(theirs.config, pretrained_path=str(folder))
+    frames = LeRobotDataset(vqbet_pipeline / "dataset")
+    actions = {}
+    for name, policy in (("ours", ours), ("theirs", theirs)):
+        policy.eval()
+        policy.reset()
+        torch.manual_seed(0)
+        chosen = []
+        for i in range(6):
+            item = frames[i]
+            observation = {
+                k: v for k, v in item.items() if k.startswith("observation.") or k == "task"
+            }
+            with torch.no_grad():
+                chosen.append(post(policy.select_action(pre(observation))))
+        actions[name] = torch.stack(chosen)
+    torch.testing.assert_close(actions["ours"], actions["theirs"], rtol=0, atol=0)
+
+
+def test_vqbet_resumes_on_another_world_size(vqbet_resumed):
+    run, log = vqbet_resumed
+    assert "(step 5)" in log and "Processes: 1" in log
+    step = json.loads((run / "checkpoints/000010/training_state/training_step.json").read_text())
+    assert step["step"] == 10
+    assert_lerobot_loads_it_strictly(pretrained(run, 10), "vqbet")
+
+
+def train_whose(argv: list[str]) -> str:
+    """One rank of a run (run_distributed): trains, and says whose policy class it trained."""
+    from lerobot_pipe.training.preflight import make_plan
+    from lerobot_pipe.training.train import train as run
+
+    plan = make_plan(argv, int(os.environ["WORLD_SIZE"]), os.environ)
+    whose = type(plan.cfg.policy).upstream_class.__module__
+    run(plan)
+    return whose
+
+
+def test_lerobots_act_on_fsdp2_by_flag(data, tmp_path):
+    out = tmp_path / "run"
+    units = '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer","ACTDecoderLayer"]'
+    argv = [*ACT, *dataset(data["camera"]), "--steps=4", "--batch_size=4", "--save_freq=4"]
+    argv += [*COMMON, "--parallelism.dp_shard=2", units, "--checkpoint_format=dcp"]
+    argv += ["--accelerator.mixed_precision=bf16"]
+    whose = run_distributed(train_whose, 2, [*argv, f"--output_dir={out}"])
+    assert whose == ["lerobot.policies.act.configuration_act"] * 2
+    assert (out / "checkpoints/000004/pretrained_model/pytorch_model_fsdp_0").is_dir()
+    convert = [
+        str(BIN / "lerobot-pipe"),
+        "convert-dcp",
+        f"--checkpoint_dir={out}/checkpoints/000004",
+    ]
+    done = subprocess.run(convert, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_lerobot_loads_it_strictly(pretrained(out, 4), "act")
+
+
+def test_a_unit_whose_forward_never_runs_is_refused_by_name(data, tmp_path):
+    """vqbet's VQ-VAE runs through its methods, never its forward: FSDP2 could not gather it."""
+    out = tmp_path / "run"
+    argv = [*VQBET, *dataset(data["pixels"]), "--steps=2", "--batch_size=2", *COMMON]
+    argv += ["--parallelism.dp_shard=2", '--accelerator.fsdp.wrap_modules=["VqVae"]']
+    with pytest.raises(Exception) as err:  # noqa: PT011 - each rank's error, as run_distributed reports it
+        run_distributed(run_train, 2, [*argv, f"--output_dir={out}"])
+    log = str(err.value)
+    assert "vqbet.action_head.vqvae_model" in log and "--parallelism.dp_shard=1" in log, log[-3000:]
+    assert not (out / "checkpoints").exists()
