@@ -101,6 +101,31 @@ def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
 
 
 @dataclass
+class PlanMemoryOptions:
+    """What a training configuration needs per GPU, per phase of a step, and the changes that
+    make it fit: the policy built on the meta device (no weights read, no GPU)."""
+
+    world_size: int | None = None  # processes of the launch (default: nproc_per_node x nnodes)
+    nproc_per_node: int | None = None  # processes per node (default: all on one node)
+    nnodes: int = 1  # nodes
+    gpu_memory_gb: float | None = None  # memory of one GPU in GB (10^9 bytes, as GPUs are sold)
+    json: bool = False  # print the plan as one JSON object
+
+
+def cmd_plan_memory(options: PlanMemoryOptions, train_args: list[str]) -> int:
+    import json
+
+    from lerobot_pipe.training.memory_plan import GB, plan_memory
+
+    per_node = options.nproc_per_node
+    world_size = options.world_size or (per_node or 1) * options.nnodes
+    gpu = None if options.gpu_memory_gb is None else int(options.gpu_memory_gb * GB)
+    plan = plan_memory(train_args, world_size, min(per_node or world_size, world_size), gpu)
+    print(json.dumps(plan.to_json(), indent=2) if options.json else plan.describe())
+    return 1 if plan.fits is False else 0
+
+
+@dataclass
 class ResumeArgsOptions:
     """Print --resume=true when --output_dir holds a usable checkpoint (the resume resolver's
     first step: sizes only, no file is read): lerobot-train then resumes from the newest one
@@ -302,6 +327,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
 COMMANDS: dict[str, Command] = {
     "make-dataset": Command(MakeDatasetOptions, cmd_make_dataset),
     "validate": Command(ValidateOptions, cmd_validate, passes_on=True),
+    "plan-memory": Command(PlanMemoryOptions, cmd_plan_memory, passes_on=True),
     "resume-args": Command(ResumeArgsOptions, cmd_resume_args),
     "launch-train": Command(LaunchTrainOptions, cmd_launch_train, passes_on=True),
     "check-run-lock": Command(CheckRunLockOptions, cmd_check_run_lock),
