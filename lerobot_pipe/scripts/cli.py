@@ -68,11 +68,16 @@ class ValidateOptions:
     nproc_per_node: int = 1  # processes per node of the launch to check for
     nnodes: int = 1  # nodes of that launch
     write_resolved: str | None = None  # write the resolved config (JSON) here
+    # The memory plan: refuse a run that does not fit a GPU of this many GB (10^9 bytes), or,
+    # without one, the host memory of --mem_mb per node.
+    gpu_memory_gb: float | None = None
+    mem_mb: int | None = None  # host memory per node, in MiB (slurm.mem_mb)
 
 
 def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
     from lerobot_pipe.configs.parser import to_dict
     from lerobot_pipe.fsutil import write_json_atomic
+    from lerobot_pipe.training.memory_plan import GB, check_memory
     from lerobot_pipe.training.preflight import make_plan
 
     world_size = options.nproc_per_node * options.nnodes
@@ -93,6 +98,9 @@ def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
     )
     if plan.resume_from is not None:
         log.info("would resume from %s (step %d)", plan.resume_from, plan.start_step)
+    gpu = None if options.gpu_memory_gb is None else int(options.gpu_memory_gb * GB)
+    host = None if options.mem_mb is None else options.mem_mb * 2**20
+    check_memory(plan, train_args, options.nproc_per_node, gpu, host)
     if options.write_resolved:
         write_json_atomic(
             Path(options.write_resolved), {**to_dict(plan.cfg), "resolved": plan.resolved}

@@ -422,3 +422,55 @@ def _try(argv, changes, world, old_world, nproc, gpu_memory_bytes, dataset) -> S
         log.debug("not suggested: %s (%s)", flags, e)
         return None
     return Suggestion(tuple(flags), planned.total_bytes, bool(planned.fits))
+
+
+def check_memory(
+    plan: TrainingPlan,
+    argv: list[str],
+    nproc_per_node: int,
+    gpu_memory_bytes: int | None,
+    host_memory_bytes: int | None,
+) -> MemoryPlan | None:
+    """The pipeline's validate step: the memory plan of a pre-flight's plan, logged; a
+    ConfigError naming the ranked suggestions when it does not fit the GPU, or (CPU offload, or
+    no GPU size: the ranks run on the host) the node's host memory. None, with the reason
+    logged, when it cannot be planned (a streamed dataset: the probe would read from the Hub)."""
+    if plan.cfg.dataset.streaming:
+        log.info("memory plan skipped: --dataset.streaming=true (the probe would read the Hub)")
+        return None
+    try:
+        memory = plan_for(plan, nproc_per_node, gpu_memory_bytes)
+    except ConfigError:
+        raise
+    except Exception as e:  # the plan informs; training itself is checked already
+        log.warning("memory plan not available: %s: %s", type(e).__name__, e)
+        return None
+    if memory.fits is False:
+        memory = replace(
+            memory,
+            suggestions=tuple(suggest_changes(argv, memory, plan.dataset, gpu_memory_bytes)),
+        )
+    log.info("%s", memory.describe())
+    if memory.fits is False:
+        fitting = [s for s in memory.suggestions if s.fits]
+        changes = "; ".join(
+            f"{' '.join(s.flags)} ({s.total_bytes / GIB:.1f} GiB)" for s in fitting[:5]
+        )
+        raise ConfigError(
+            f"the run needs {memory.total_bytes / GIB:.1f} GiB per GPU at its peak "
+            f"({memory.estimate.peak_phase}) and the GPU holds {gpu_memory_bytes / GIB:.1f} GiB "
+            f"(slurm.gpu_memory_gb={gpu_memory_bytes / GB:g}): "
+            + (f"changes that fit: {changes}" if changes else "no single change found fits")
+        )
+    peak = memory.estimate.peak
+    on_host = memory.estimate.host_bytes
+    if gpu_memory_bytes is None:  # the ranks run on the host
+        on_host += peak.counted * memory.nproc_per_node
+    if host_memory_bytes is not None and on_host > host_memory_bytes:
+        raise ConfigError(
+            f"the run needs {on_host / GIB:.1f} GiB of host memory per node "
+            f"({memory.nproc_per_node} process(es)) and slurm.mem_mb gives "
+            f"{host_memory_bytes / GIB:.1f} GiB: raise slurm.mem_mb to at least "
+            f"{-(-on_host // 2**20)}"
+        )
+    return memory

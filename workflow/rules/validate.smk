@@ -1,4 +1,14 @@
-# lerobot-train's own parsing, resolution and checks, for the topology train launches.
+# lerobot-train's own parsing, resolution and checks, for the topology train launches; the
+# memory plan of that topology, refusing a run that cannot fit before anything is queued.
+
+
+def memory_flags():
+    """The GPU's size (slurm.gpu_memory_gb, when set) and the node's host memory."""
+    slurm = config["slurm"]
+    flags = [f"--mem_mb={slurm['mem_mb']}"]
+    if slurm.get("gpu_memory_gb"):
+        flags.append(f"--gpu_memory_gb={slurm['gpu_memory_gb']}")
+    return flags
 
 
 rule validate:
@@ -15,6 +25,7 @@ rule validate:
         **flag_params(
             f"--nproc_per_node={config['launch']['nproc_per_node']}",
             f"--nnodes={config['launch']['nnodes']}",
+            *memory_flags(),
             *train_flags(),
         ),
     shell:
