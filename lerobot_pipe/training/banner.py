@@ -17,6 +17,7 @@ def banner(
     env: DistEnv,
     num_params: tuple[int, int],
     sharding: ShardingPlan | None = None,
+    memory: str | None = None,
 ) -> str:
     cfg, dims = plan.cfg, plan.dims
     ga = cfg.accelerator.gradient_accumulation.steps
@@ -41,6 +42,8 @@ def banner(
                 + ", ".join(sharding.passed_over)
             )
         lines.append(line)
+    if memory is not None:
+        lines.append(memory)
     if cfg.ema.enable:
         ema = cfg.ema
         schedule = (

@@ -14,10 +14,12 @@ that make it fit (:func:`suggest`), each planned again with its flags.
 from __future__ import annotations
 
 import logging
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from lerobot_pipe.configs.optim import AdamConfig, AdamWConfig, SGDConfig
@@ -474,3 +476,31 @@ def check_memory(
             f"{-(-on_host // 2**20)}"
         )
     return memory
+
+
+def banner_line(plan: TrainingPlan, nproc_per_node: int, device: torch.device) -> str | None:
+    """The trainer banner's line: the plan's peak per rank, against the GPU's memory on a GPU;
+    None when it cannot be planned (the reason at debug level): the plan informs, it never
+    stops a run that passed its pre-flight."""
+    if plan.cfg.dataset.streaming:
+        return None
+    gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):  # the run draws as without the plan
+            memory = plan_for(plan, nproc_per_node, gpu)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        log.debug("no memory plan: %s: %s", type(e).__name__, e)
+        return None
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+    line = (
+        f"Memory plan: {memory.total_bytes / GIB:.2f} GiB per rank at the peak "
+        f"({memory.estimate.peak_phase}, incl. an allowance of "
+        f"{memory.estimate.peak.allowance / GIB:.2f} GiB)"
+    )
+    if gpu is not None:
+        line += f" of the GPU's {gpu / GIB:.1f} GiB"
+    return line

@@ -133,3 +133,16 @@ def test_each_suggestion_fits_when_applied(pi_root, tmp_path):
         world = int(flags.pop("world_size", 1))
         again = plan_memory(with_flags(argv, flags), world, suggest=False, gpu_memory_bytes=gpu)
         assert again.fits and again.total_bytes == suggestion.total_bytes, suggestion
+
+
+def test_the_trainer_banner_line_names_the_plans_peak(dataset_root, tmp_path):
+    import torch
+
+    from lerobot_pipe.training.memory_plan import banner_line
+    from lerobot_pipe.training.preflight import make_plan
+
+    argv = tiny_act_flags(**{"dataset.root": dataset_root, "output_dir": tmp_path / "o"})
+    before = torch.random.get_rng_state()
+    line = banner_line(make_plan(argv, 1), 1, torch.device("cpu"))
+    assert line.startswith("Memory plan: ") and "GiB per rank at the peak" in line
+    assert torch.equal(torch.random.get_rng_state(), before)  # the run draws as without it
