@@ -177,6 +177,7 @@ test-beside: $(VENV)/.installed $(UPSTREAM)
 # bench/gpu_smoke.py on this machine's GPU: nccl, bf16 training, a resume; prints what it verified.
 gpu-check: $(VENV)/.installed
 	$(VENV_ENV) $(PY) bench/gpu_smoke.py
+	$(VENV_ENV) $(PY) bench/gpu_memory_check.py
 
 # The linters CI runs before the tests: ruff (lint and format), snakefmt, snakemake --lint.
 lint: $(VENV)/.installed

@@ -23,6 +23,8 @@ device): the others get no gradient and no optimizer state (pi0's lm_heads).
 
 from __future__ import annotations
 
+import copy
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,6 +39,8 @@ from lerobot_pipe.training.data import make_sampler
 if TYPE_CHECKING:
     from lerobot_pipe.processors import PolicyProcessorPipeline
     from lerobot_pipe.training.preflight import TrainingPlan
+
+log = logging.getLogger(__name__)
 
 PROBE_BATCHES = (1, 2)
 
@@ -88,14 +92,19 @@ def _storage_key(t: torch.Tensor) -> int:
 
 
 def _measure(
-    trainee: nn.Module, batch: dict, units: dict[int, str], depth: dict[str, int]
+    trainee: nn.Module,
+    batch: dict,
+    units: dict[int, str],
+    depth: dict[str, int],
+    as_itemsize: int | None = None,
 ) -> tuple[Counter, Counter, list[str], set[str]]:
     """One forward (and backward) on the meta device: bytes saved per unit ('' the root), each
-    unit's input bytes, the units' first-run order, the names of the parameters reached."""
+    unit's input bytes, the units' first-run order, the names of the parameters reached.
+    ``as_itemsize``: wider floating tensors counted at that many bytes per element."""
     existing = {_storage_key(t) for t in [*trainee.parameters(), *trainee.buffers()]}
     existing |= {_storage_key(v) for v in batch.values() if isinstance(v, torch.Tensor)}
     active: Counter = Counter()
-    seen: dict[int, tuple[torch.UntypedStorage, str]] = {}
+    seen: dict[int, tuple[torch.UntypedStorage, str, float]] = {}
     inputs: Counter = Counter()
     order: list[str] = []
 
@@ -106,7 +115,10 @@ def _measure(
     def pack(t: torch.Tensor):
         key = _storage_key(t)
         if key not in existing and key not in seen:
-            seen[key] = (t.untyped_storage(), innermost())
+            scale = 1.0
+            if as_itemsize and t.is_floating_point() and t.element_size() > as_itemsize:
+                scale = as_itemsize / t.element_size()
+            seen[key] = (t.untyped_storage(), innermost(), scale)
         return t
 
     def unit_input(module, args, kwargs):
@@ -133,8 +145,8 @@ def _measure(
             h.remove()
     loss = out[0] if isinstance(out, tuple) else out
     saved: Counter = Counter()
-    for storage, unit in seen.values():
-        saved[unit] += storage.nbytes()
+    for storage, unit, scale in seen.values():
+        saved[unit] += int(storage.nbytes() * scale)
     names = {id(p): n for n, p in trainee.named_parameters()}
     trainable = [p for p in trainee.parameters() if p.requires_grad]
     reached = set()
@@ -153,9 +165,30 @@ def probe_activations(
 ) -> ActivationProfile:
     """The trainee's (on the meta device) saved-for-backward bytes per unit at one and two
     samples of the run's dataset (module docstring). ``compute_dtype``: the floating
-    parameters and inputs cast to it first, as FSDP2's mixed precision computes."""
+    parameters and inputs cast to it first, as FSDP2's mixed precision computes; when the
+    policy cannot run so (a tensor it makes itself in float32 meets a cast weight), it runs as
+    built and every wider floating tensor it saves counts at the compute dtype's size."""
     if compute_dtype is not None:
-        trainee.to(compute_dtype)
+        try:
+            return _probe(
+                plan, copy.deepcopy(trainee).to(compute_dtype), pre, unit_names, compute_dtype
+            )
+        except RuntimeError as e:
+            log.debug(
+                "the probe in %s failed (%s): scaled from the policy's dtype", compute_dtype, e
+            )
+            return _probe(plan, trainee, pre, unit_names, None, compute_dtype.itemsize)
+    return _probe(plan, trainee, pre, unit_names, None)
+
+
+def _probe(
+    plan: TrainingPlan,
+    trainee: nn.Module,
+    pre: PolicyProcessorPipeline,
+    unit_names: list[str],
+    compute_dtype: torch.dtype | None,
+    as_itemsize: int | None = None,
+) -> ActivationProfile:
     modules = dict(trainee.named_modules())
     units = {id(modules[n]): n for n in unit_names}
     depth = {n: n.count(".") for n in unit_names}
@@ -167,7 +200,7 @@ def probe_activations(
         batch = {k: _to_meta(v, compute_dtype) for k, v in batch.items()}
         trainee.train()
         with MetaValues():
-            results.append(_measure(trainee, batch, units, depth))
+            results.append(_measure(trainee, batch, units, depth, as_itemsize))
     (saved1, inputs1, order, reached), (saved2, inputs2, _, _) = results
     return ActivationProfile(
         root=Linear.fit(saved1[""], saved2[""]),
