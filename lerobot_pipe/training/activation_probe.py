@@ -24,6 +24,7 @@ device): the others get no gradient and no optimizer state (pi0's lm_heads).
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,7 +34,12 @@ import torch
 from torch import nn
 
 from lerobot_pipe.datasets import BatchPrefetcher
-from lerobot_pipe.distributed.unit_probe import MetaValues, _track_forwards
+from lerobot_pipe.distributed.unit_probe import (
+    UNIT_ENTRY,
+    MetaValues,
+    _track_forwards,
+    has_unit_entry,
+)
 from lerobot_pipe.training.data import make_sampler
 
 if TYPE_CHECKING:
@@ -67,7 +73,7 @@ class ActivationProfile:
     root: Linear  # saved outside every unit
     units: dict[str, Linear] = field(default_factory=dict)  # saved inside each unit
     inputs: dict[str, Linear] = field(default_factory=dict)  # each unit's input storages
-    order: tuple[str, ...] = ()  # units in the order their forwards first ran
+    order: tuple[str, ...] = ()  # units in the order they first ran (never run: not listed)
     reached: frozenset[str] = frozenset()  # trainable parameters the loss reaches
 
     def saved(self, batch: int) -> int:
@@ -129,11 +135,22 @@ def _measure(
             if isinstance(a, torch.Tensor) and _storage_key(a) not in existing:
                 inputs[name] += a.untyped_storage().nbytes()
 
-    handles = [
-        m.register_forward_pre_hook(unit_input, with_kwargs=True)
-        for m in trainee.modules()
-        if id(m) in units
-    ]
+    def entered(module: nn.Module, entry):  # a unit run through its entry, not its forward
+        @functools.wraps(entry)
+        def run(*args, **kwargs):
+            if units[id(module)] not in order:
+                order.append(units[id(module)])
+            return entry(*args, **kwargs)
+
+        return run
+
+    handles, entries = [], []
+    for m in trainee.modules():
+        if id(m) in units:
+            handles.append(m.register_forward_pre_hook(unit_input, with_kwargs=True))
+            if has_unit_entry(m):
+                entries.append((m, m.__dict__[UNIT_ENTRY]))
+                m.__dict__[UNIT_ENTRY] = entered(m, m.__dict__[UNIT_ENTRY])
     try:
         with (
             _track_forwards(trainee, active),
@@ -143,6 +160,8 @@ def _measure(
     finally:
         for h in handles:
             h.remove()
+        for m, entry in entries:
+            m.__dict__[UNIT_ENTRY] = entry
     loss = out[0] if isinstance(out, tuple) else out
     saved: Counter = Counter()
     for storage, unit, scale in seen.values():
@@ -206,7 +225,7 @@ def _probe(
         root=Linear.fit(saved1[""], saved2[""]),
         units={n: Linear.fit(saved1[n], saved2[n]) for n in unit_names},
         inputs={n: Linear.fit(inputs1[n], inputs2[n]) for n in unit_names},
-        order=tuple(order) + tuple(n for n in unit_names if n not in order),
+        order=tuple(order),
         reached=frozenset(reached),
     )
 

@@ -89,7 +89,7 @@ class Activations:
     root: int  # outside every unit
     units: dict[str, int] = field(default_factory=dict)  # inside each unit, kept in the forward
     recompute: dict[str, int] = field(default_factory=dict)  # checkpointed: its recomputation
-    order: tuple[str, ...] = ()  # units in forward order
+    order: tuple[str, ...] = ()  # the units that run, in forward order
 
     @property
     def saved(self) -> int:
@@ -245,8 +245,9 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
     optim_dev = state.optimizer if on_device else 0
     ema_dev = state.ema if on_device else 0
     temps = _step_temporaries(params, setup)
+    # The units FSDP2 gathers, in forward order: a unit whose forward never runs (pi's lm_heads)
+    # is never gathered.
     order = [u for u in acts.order if u in units and u != ""]
-    order += [u for u in units if u not in order and u != ""]
     not_in_units = sum(
         p.numel * p.itemsize for p in params if p.unit is None and p.trainable and p.reached
     )
@@ -349,21 +350,34 @@ def _walk_backward(
         unsharded = unsharded_grads(unit, compute)
         reduce_in = unsharded_grads(unit, reduce)  # copied into the reduce-scatter input
         reduce_out = -(-reduce_in // n)
+        done_dev = done_grads if on_device else 0
         grads_dev = (done_grads + sharded_grads(unit)) if on_device else 0
         everything = (
             sum(gathered(u) for u in order) if not setup.reshard_after_forward else 0
         )  # fmt: skip
-        moment = Breakdown(
+        # Two moments per unit: its backward computing (the unit gathered, its gradient being
+        # written, its activations held), then its post-backward (FSDP2 reshards the unit
+        # first, then copies the gradient into the reduce-scatter input and reduces it).
+        computing = Breakdown(
+            parameters=params_dev,
+            gradients=accumulated + done_dev + unsharded + (not_in_units if on_device else 0),
+            optimizer=optim_dev,
+            ema=ema_dev,
+            gathered=root_gathered + in_flight + nxt + everything,
+            activations=pending,
+        )
+        reducing = Breakdown(
             parameters=params_dev,
             gradients=accumulated + grads_dev + unsharded + reduce_in + reduce_out
             + (not_in_units if on_device else 0),
             optimizer=optim_dev,
             ema=ema_dev,
-            gathered=root_gathered + in_flight + nxt + everything,
-            activations=pending,
+            gathered=root_gathered + nxt + everything,
+            activations=pending - acts.units.get(unit, 0) - acts.recompute.get(unit, 0),
         )  # fmt: skip
-        if worst is None or moment.total > worst.total:
-            worst = moment
+        for moment in (computing, reducing):
+            if worst is None or moment.total > worst.total:
+                worst = moment
         done_grads += sharded_grads(unit)
     root = Breakdown(
         parameters=params_dev,
