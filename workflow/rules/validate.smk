@@ -2,15 +2,6 @@
 # memory plan of that topology, refusing a run that cannot fit before anything is queued.
 
 
-def memory_flags():
-    """The GPU's size (slurm.gpu_memory_gb, when set) and the node's host memory."""
-    slurm = config["slurm"]
-    flags = [f"--mem_mb={slurm['mem_mb']}"]
-    if slurm.get("gpu_memory_gb"):
-        flags.append(f"--gpu_memory_gb={slurm['gpu_memory_gb']}")
-    return flags
-
-
 rule validate:
     input:
         dataset_input,
