@@ -75,6 +75,7 @@ class ActivationProfile:
     inputs: dict[str, Linear] = field(default_factory=dict)  # each unit's input storages
     order: tuple[str, ...] = ()  # units in the order they first ran (never run: not listed)
     reached: frozenset[str] = frozenset()  # trainable parameters the loss reaches
+    saved_parameters: frozenset[str] = frozenset()  # parameters autograd saves (their casts too)
 
     def saved(self, batch: int) -> int:
         return self.root.at(batch) + sum(u.at(batch) for u in self.units.values())
@@ -103,10 +104,12 @@ def _measure(
     units: dict[int, str],
     depth: dict[str, int],
     as_itemsize: int | None = None,
-) -> tuple[Counter, Counter, list[str], set[str]]:
+) -> tuple[Counter, Counter, list[str], set[str], set[str]]:
     """One forward (and backward) on the meta device: bytes saved per unit ('' the root), each
     unit's input bytes, the units' first-run order, the names of the parameters reached.
     ``as_itemsize``: wider floating tensors counted at that many bytes per element."""
+    param_keys = {_storage_key(p): n for n, p in trainee.named_parameters()}
+    saved_params: set[str] = set()
     existing = {_storage_key(t) for t in [*trainee.parameters(), *trainee.buffers()]}
     existing |= {_storage_key(v) for v in batch.values() if isinstance(v, torch.Tensor)}
     active: Counter = Counter()
@@ -120,6 +123,8 @@ def _measure(
 
     def pack(t: torch.Tensor):
         key = _storage_key(t)
+        if key in param_keys:
+            saved_params.add(param_keys[key])
         if key not in existing and key not in seen:
             scale = 1.0
             if as_itemsize and t.is_floating_point() and t.element_size() > as_itemsize:
@@ -172,7 +177,7 @@ def _measure(
     if trainable and loss.requires_grad:
         grads = torch.autograd.grad(loss, trainable, allow_unused=True)
         reached = {names[id(p)] for p, g in zip(trainable, grads, strict=True) if g is not None}
-    return saved, inputs, order, reached
+    return saved, inputs, order, reached, saved_params
 
 
 def probe_activations(
@@ -220,13 +225,14 @@ def _probe(
         trainee.train()
         with MetaValues():
             results.append(_measure(trainee, batch, units, depth, as_itemsize))
-    (saved1, inputs1, order, reached), (saved2, inputs2, _, _) = results
+    (saved1, inputs1, order, reached, saved_params), (saved2, inputs2, *_) = results
     return ActivationProfile(
         root=Linear.fit(saved1[""], saved2[""]),
         units={n: Linear.fit(saved1[n], saved2[n]) for n in unit_names},
         inputs={n: Linear.fit(inputs1[n], inputs2[n]) for n in unit_names},
         order=tuple(order),
         reached=frozenset(reached),
+        saved_parameters=frozenset(saved_params),
     )
 
 

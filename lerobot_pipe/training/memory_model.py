@@ -9,8 +9,9 @@ The terms, per rank (the largest one: FSDP2 gives rank 0 the most rows):
   float32 under mixed precision); ignored modules and unsharded runs hold them whole.
 - gathered: the all-gathered (padded) parameters of the units FSDP2 has unsharded, in the compute
   dtype: the root unit from its forward to the end of the backward, the unit in flight and the
-  prefetched next one, and every unit with ``reshard_after_forward=false``. Unsharded under
-  autocast: the compute-dtype copies of the trainable parameters autocast caches in the forward.
+  prefetched next one, and every unit with ``reshard_after_forward=false``; a unit whose forward
+  never runs is never gathered. Unsharded under autocast: the compute-dtype copies of the
+  trainable parameters autocast caches in the forward, and of the frozen ones an op saves.
 - gradients: a sharded gradient of the rows each rank holds (unpadded) for every parameter the
   loss reaches; during a unit's backward its unsharded gradient (compute dtype) and the
   reduce-scatter input (padded, reduce dtype) and output; under gradient accumulation the
@@ -51,8 +52,8 @@ ASSUMPTIONS = (
     "they are saved, matmul workspaces) are not counted",
     "FSDP2 prefetches one unit ahead in forward and backward; the largest rank (rank 0, the most "
     "dim-0 rows) is reported",
-    "unsharded with autocast: the compute-dtype copies of the trainable parameters are cached "
-    "for the whole forward; frozen parameters are cast per op",
+    "unsharded with autocast: the compute-dtype copies of the trainable parameters (autocast's "
+    "cache) and of the frozen ones an op saves for the backward are held through the forward",
 )
 
 
@@ -66,6 +67,7 @@ class Param:
     trainable: bool
     reached: bool  # the loss reaches it: it gets a gradient and optimizer state
     unit: str | None  # its FSDP2 unit ('' the root), None: not sharded (ignored, or unsharded)
+    saved: bool = False  # autograd saves it in the forward (autocast then saves its cast)
 
     @property
     def numel(self) -> int:
@@ -283,7 +285,7 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
         )
     else:
         cast = (
-            sum(p.numel * compute for p in params if p.trainable)
+            sum(p.numel * compute for p in params if p.trainable or p.saved)
             if setup.autocast and compute
             else 0
         )

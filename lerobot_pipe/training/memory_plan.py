@@ -238,6 +238,7 @@ def plan_for(
                 trainable=trainable,
                 reached=name in profile.reached,
                 unit=unit,
+                saved=name in profile.saved_parameters,
             )
         )
     checkpointing = accelerator.activation_checkpointing.mode == "full"
