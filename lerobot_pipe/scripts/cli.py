@@ -72,9 +72,12 @@ class ValidateOptions:
     # without one, the host memory of --mem_mb per node.
     gpu_memory_gb: float | None = None
     mem_mb: int | None = None  # host memory per node, in MiB (slurm.mem_mb)
+    gpus_per_node: int = 0  # GPUs per node (slurm.gpus_per_node; 0: the ranks may train on CPU)
 
 
 def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
+    import torch
+
     from lerobot_pipe.configs.parser import to_dict
     from lerobot_pipe.fsutil import write_json_atomic
     from lerobot_pipe.training.memory_plan import GB, check_memory
@@ -100,7 +103,9 @@ def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
         log.info("would resume from %s (step %d)", plan.resume_from, plan.start_step)
     gpu = None if options.gpu_memory_gb is None else int(options.gpu_memory_gb * GB)
     host = None if options.mem_mb is None else options.mem_mb * 2**20
-    check_memory(plan, train_args, options.nproc_per_node, gpu, host)
+    # Without a GPU the ranks train on the host: their whole plan is host memory.
+    on_host = options.gpus_per_node == 0 and not torch.cuda.is_available()
+    check_memory(plan, train_args, options.nproc_per_node, gpu, host, on_host)
     if options.write_resolved:
         write_json_atomic(
             Path(options.write_resolved), {**to_dict(plan.cfg), "resolved": plan.resolved}

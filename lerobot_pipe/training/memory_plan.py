@@ -433,11 +433,13 @@ def check_memory(
     nproc_per_node: int,
     gpu_memory_bytes: int | None,
     host_memory_bytes: int | None,
+    ranks_on_host: bool = False,
 ) -> MemoryPlan | None:
     """The pipeline's validate step: the memory plan of a pre-flight's plan, logged; a
     ConfigError naming the ranked suggestions when it does not fit the GPU, or (CPU offload, or
     no GPU size: the ranks run on the host) the node's host memory. None, with the reason
-    logged, when it cannot be planned (a streamed dataset: the probe would read from the Hub)."""
+    logged, when it cannot be planned (a streamed dataset: the probe would read from the Hub).
+    ``ranks_on_host``: the ranks train on the CPU, their whole plan is host memory."""
     if plan.cfg.dataset.streaming:
         log.info("memory plan skipped: --dataset.streaming=true (the probe would read the Hub)")
         return None
@@ -467,7 +469,7 @@ def check_memory(
         )
     peak = memory.estimate.peak
     on_host = memory.estimate.host_bytes
-    if gpu_memory_bytes is None:  # the ranks run on the host
+    if ranks_on_host:
         on_host += peak.counted * memory.nproc_per_node
     if host_memory_bytes is not None and on_host > host_memory_bytes:
         raise ConfigError(
