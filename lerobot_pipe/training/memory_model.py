@@ -302,7 +302,8 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
         )
         # The gradients are written while the saved tensors are freed: the worse of the
         # backward's start (every activation, the largest recomputation) and its end (every
-        # gradient, the root's tensors). Accumulated gradients are there throughout.
+        # gradient, the root's tensors; autocast's casts freed with the graph). Accumulated
+        # gradients are there throughout.
         start = acts.saved + max(acts.recompute.values(), default=0)
         held = Breakdown(
             parameters=state.parameters,
@@ -313,7 +314,7 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
             activations=start,
         )
         backward = max(
-            (held, replace(held, gradients=grads, activations=acts.root)),
+            (held, replace(held, gradients=grads, gathered=0, activations=acts.root)),
             key=lambda b: b.total,
         )
         optimizer = Breakdown(
