@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import _common as c  # must come first: pins threads, sets sys.path
 
+# isort: split
+
 import argparse
 import tempfile
 from pathlib import Path
