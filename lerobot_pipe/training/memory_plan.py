@@ -14,6 +14,7 @@ that make it fit (:func:`suggest`), each planned again with its flags.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -109,6 +110,9 @@ class MemoryPlan:
     def describe(self) -> str:
         """The plan as a table: per phase, per term, GiB per rank."""
         setup, est = self.estimate.setup, self.estimate
+        # MiB for a model whose counted bytes stay under 1 GiB (the tests' tiny policies).
+        small = max(b.counted for b in est.phases.values()) < GIB
+        unit, unit_name = (2**20, "MiB") if small else (GIB, "GiB")
         mode = (
             f"FSDP2 over {setup.dp_shard}"
             if setup.sharded
@@ -117,7 +121,7 @@ class MemoryPlan:
         lines = [
             f"Memory plan: {self.policy_type}, {self.parameters:,} parameters "
             f"({self.trainable_parameters:,} trainable); {self.world_size} process(es), {mode}; "
-            f"batch {self.batch_size} per rank; GiB per rank:",
+            f"batch {self.batch_size} per rank; {unit_name} per rank:",
             f"  {'phase':<10}{'params':>9}{'grads':>9}{'optim':>9}{'ema':>9}{'gathered':>9}"
             f"{'activ.':>9}{'allow.':>9}{'total':>9}",
         ]
@@ -126,8 +130,8 @@ class MemoryPlan:
             cells = (b.parameters, b.gradients, b.optimizer, b.ema, b.gathered, b.activations)
             lines.append(
                 f"  {name:<10}"
-                + "".join(f"{c / GIB:>9.2f}" for c in cells)
-                + f"{b.allowance / GIB:>9.2f}{b.total / GIB:>9.2f}{mark}"
+                + "".join(f"{c / unit:>9.2f}" for c in cells)
+                + f"{b.allowance / unit:>9.2f}{b.total / unit:>9.2f}{mark}"
             )
         if est.host_bytes:
             lines.append(f"  host memory per node (CPU offload): {est.host_bytes / GIB:.2f} GiB")
@@ -223,10 +227,11 @@ def plan_for(
     ]
     pre, _ = make_processors(plan, "cpu")
     profile = probe_activations(plan, trainee, pre, units, compute)
-    params = []
+    params, kept = [], Counter()
     for name, shape, dtype, trainable in shapes:
         if sharding is not None and compute is not None and trainable and dtype.is_floating_point:
             dtype = torch.float32  # FSDP2's master weights (parallelize.keep_trainable_in_float32)
+        kept[_DTYPE_NAME.get(dtype, str(dtype).removeprefix("torch."))] += math.prod(shape)
         unit = None
         if sharding is not None and not any(name.startswith(m + ".") for m in ignored):
             unit = max((u for u in units if name.startswith(u + ".")), key=len, default="")
@@ -244,9 +249,8 @@ def plan_for(
     checkpointing = accelerator.activation_checkpointing.mode == "full"
     acts = activations_at(profile, cfg.batch_size, set(units) if checkpointing else set())
     setup = _setup(cfg, dims, nproc_per_node, compute, reduce, ignored)
-    kept = Counter(_DTYPE_NAME.get(p_dtype, str(p_dtype)) for p_dtype in _kept(shapes, params))
     dtypes = {
-        "parameters": dict(kept),
+        "parameters": dict(kept),  # elements per dtype, as the run keeps them
         "compute": _DTYPE_NAME[compute] if compute is not None else "as kept",
         "reduce": _DTYPE_NAME[reduce] if reduce is not None else "as kept",
         "optimizer_state": "as the parameters",
@@ -264,14 +268,6 @@ def plan_for(
         dtypes=dtypes,
         activation_checkpointing=checkpointing,
     )
-
-
-def _kept(shapes, params: list[Param]) -> list[torch.dtype]:
-    """Each parameter's dtype as the run keeps it (float32 master weights where promoted)."""
-    return [
-        torch.float32 if p.itemsize == 4 and dtype.is_floating_point else dtype
-        for (_, _, dtype, _), p in zip(shapes, params, strict=True)
-    ]
 
 
 def activations_at(profile: ActivationProfile, batch: int, checkpointed: set[str]) -> Activations:
@@ -378,10 +374,10 @@ def suggest_changes(
             tried_shards = True
         results.append(suggestion)
     shard_rows = [s for s in results if any("dp_shard" in f for f in s.flags)]
-    # Of the shard counts, keep the smallest that fits (or the largest tried when none does).
-    keep_shard = next((s for s in shard_rows if s.fits), shard_rows[-1] if shard_rows else None)
+    # Of the shard counts and the batch sizes, the first that fits (none when none does).
+    keep_shard = next((s for s in shard_rows if s.fits), None)
     batch_rows = [s for s in results if any(f.startswith("--batch_size") for f in s.flags)]
-    keep_batch = next((s for s in batch_rows if s.fits), batch_rows[-1] if batch_rows else None)
+    keep_batch = next((s for s in batch_rows if s.fits), None)
     results = [
         s
         for s in results
@@ -397,6 +393,8 @@ def suggest_changes(
                 continue
             combined |= changes
             combined_world = max(combined_world, new_world)
+            if len(combined) == len(changes):  # one change alone is listed already
+                continue
             suggestion = _try(
                 argv, combined, combined_world, world, nproc, gpu_memory_bytes, dataset
             )
