@@ -146,3 +146,47 @@ def test_the_trainer_banner_line_names_the_plans_peak(dataset_root, tmp_path):
     line = banner_line(make_plan(argv, 1), 1, torch.device("cpu"))
     assert line.startswith("Memory plan: ") and "GiB per rank at the peak" in line
     assert torch.equal(torch.random.get_rng_state(), before)  # the run draws as without it
+
+
+def test_validate_refuses_a_cpu_run_beyond_the_nodes_host_memory(dataset_root, tmp_path, capsys):
+    """Without a GPU size and without GPUs the ranks train on the host: their plan is checked
+    against --mem_mb (slurm.mem_mb)."""
+    import torch
+
+    from lerobot_pipe.scripts.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the ranks train on it")
+    argv = tiny_act_flags(**{"dataset.root": dataset_root, "output_dir": tmp_path / "o"})
+    assert main(["validate", "--mem_mb=1", *argv]) == 2
+    assert "raise slurm.mem_mb to at least" in capsys.readouterr().err
+    assert main(["validate", "--mem_mb=8000", *argv]) == 0
+
+
+def test_offload_accumulation_and_resharding_move_the_terms():
+    """The arithmetic alone (memory_model): CPU offload moves the state to the host, gradient
+    accumulation keeps FSDP2's unsharded gradients, reshard_after_forward=false keeps every
+    unit gathered."""
+    from lerobot_pipe.training.memory_model import Activations, Param, Setup, estimate
+
+    params = [
+        Param(f"u{i}.w", (1000, 100), 4, trainable=True, reached=True, unit=f"u{i}")
+        for i in range(4)
+    ]
+    acts = Activations(root=10**6, units={f"u{i}": 10**6 for i in range(4)},
+                       order=tuple(f"u{i}" for i in range(4)))  # fmt: skip
+    base = Setup(world_size=4, nproc_per_node=4, dp_shard=4)
+    plain = estimate(params, base, acts)
+    state = plain.state
+    assert state.parameters == 4 * 250 * 100 * 4 and state.optimizer == 2 * state.parameters + 16
+    offload = estimate(params, Setup(**{**vars(base), "cpu_offload": True}), acts)
+    assert (
+        offload.phases["optimizer"].parameters == 0 and offload.phases["optimizer"].optimizer == 0
+    )
+    assert offload.host_bytes == 4 * (state.parameters + state.gradients + state.optimizer)
+    accumulating = estimate(params, Setup(**{**vars(base), "accumulation": 2}), acts)
+    unsharded = 4 * 1000 * 100 * 4
+    assert accumulating.phases["forward"].gradients == unsharded
+    kept = estimate(params, Setup(**{**vars(base), "reshard_after_forward": False}), acts)
+    assert kept.phases["forward"].gathered == unsharded  # every unit gathered, fp32
+    assert plain.phases["forward"].gathered == 2 * unsharded // 4  # in flight and prefetched
