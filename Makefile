@@ -174,9 +174,11 @@ test-beside: $(VENV)/.installed $(UPSTREAM)
 	status=$$?; echo "make test-beside: $$(( $$(date +%s) - start )) s, exit status $$status"; \
 	exit $$status
 
-# bench/gpu_smoke.py on this machine's GPU: nccl, bf16 training, a resume; prints what it verified.
+# bench/gpu_smoke.py on this machine's GPU: nccl, bf16 training, a resume; prints what it verified;
+# bench/gpu_memory_check.py: the memory plan against max_memory_allocated (band 0.85-1.15).
 gpu-check: $(VENV)/.installed
 	$(VENV_ENV) $(PY) bench/gpu_smoke.py
+	$(VENV_ENV) $(PY) bench/gpu_memory_check.py
 
 # The linters CI runs before the tests: ruff (lint and format), snakefmt, snakemake --lint.
 lint: $(VENV)/.installed

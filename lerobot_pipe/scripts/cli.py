@@ -68,11 +68,19 @@ class ValidateOptions:
     nproc_per_node: int = 1  # processes per node of the launch to check for
     nnodes: int = 1  # nodes of that launch
     write_resolved: str | None = None  # write the resolved config (JSON) here
+    # The memory plan: refuse a run that does not fit a GPU of this many GB (10^9 bytes), or,
+    # without one, the host memory of --mem_mb per node.
+    gpu_memory_gb: float | None = None
+    mem_mb: int | None = None  # host memory per node, in MiB (slurm.mem_mb)
+    gpus_per_node: int = 0  # GPUs per node (slurm.gpus_per_node; 0: the ranks may train on CPU)
 
 
 def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
+    import torch
+
     from lerobot_pipe.configs.parser import to_dict
     from lerobot_pipe.fsutil import write_json_atomic
+    from lerobot_pipe.training.memory_plan import GB, check_memory
     from lerobot_pipe.training.preflight import make_plan
 
     world_size = options.nproc_per_node * options.nnodes
@@ -93,11 +101,41 @@ def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
     )
     if plan.resume_from is not None:
         log.info("would resume from %s (step %d)", plan.resume_from, plan.start_step)
+    gpu = None if options.gpu_memory_gb is None else int(options.gpu_memory_gb * GB)
+    host = None if options.mem_mb is None else options.mem_mb * 2**20
+    # Without a GPU the ranks train on the host: their whole plan is host memory.
+    on_host = options.gpus_per_node == 0 and not torch.cuda.is_available()
+    check_memory(plan, train_args, options.nproc_per_node, gpu, host, on_host)
     if options.write_resolved:
         write_json_atomic(
             Path(options.write_resolved), {**to_dict(plan.cfg), "resolved": plan.resolved}
         )
     return 0
+
+
+@dataclass
+class PlanMemoryOptions:
+    """What a training configuration needs per GPU, per phase of a step, and the changes that
+    make it fit: the policy built on the meta device (no weights read, no GPU)."""
+
+    world_size: int | None = None  # processes of the launch (default: nproc_per_node x nnodes)
+    nproc_per_node: int | None = None  # processes per node (default: all on one node)
+    nnodes: int = 1  # nodes
+    gpu_memory_gb: float | None = None  # memory of one GPU in GB (10^9 bytes, as GPUs are sold)
+    json: bool = False  # print the plan as one JSON object
+
+
+def cmd_plan_memory(options: PlanMemoryOptions, train_args: list[str]) -> int:
+    import json
+
+    from lerobot_pipe.training.memory_plan import GB, plan_memory
+
+    per_node = options.nproc_per_node
+    world_size = options.world_size or (per_node or 1) * options.nnodes
+    gpu = None if options.gpu_memory_gb is None else int(options.gpu_memory_gb * GB)
+    plan = plan_memory(train_args, world_size, min(per_node or world_size, world_size), gpu)
+    print(json.dumps(plan.to_json(), indent=2) if options.json else plan.describe())
+    return 1 if plan.fits is False else 0
 
 
 @dataclass
@@ -302,6 +340,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
 COMMANDS: dict[str, Command] = {
     "make-dataset": Command(MakeDatasetOptions, cmd_make_dataset),
     "validate": Command(ValidateOptions, cmd_validate, passes_on=True),
+    "plan-memory": Command(PlanMemoryOptions, cmd_plan_memory, passes_on=True),
     "resume-args": Command(ResumeArgsOptions, cmd_resume_args),
     "launch-train": Command(LaunchTrainOptions, cmd_launch_train, passes_on=True),
     "check-run-lock": Command(CheckRunLockOptions, cmd_check_run_lock),

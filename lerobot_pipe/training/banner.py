@@ -17,6 +17,7 @@ def banner(
     env: DistEnv,
     num_params: tuple[int, int],
     sharding: ShardingPlan | None = None,
+    memory: str | None = None,
 ) -> str:
     cfg, dims = plan.cfg, plan.dims
     upstream = getattr(cfg.policy, "upstream_class", None)  # LeRobot's own policy (lerobot_bridge)
@@ -45,6 +46,8 @@ def banner(
                 + ", ".join(sharding.passed_over)
             )
         lines.append(line)
+    if memory is not None:
+        lines.append(memory)
     if cfg.ema.enable:
         ema = cfg.ema
         schedule = (

@@ -5,6 +5,7 @@ EMA, the checkpoint manager. What the loop (training/loop.py) trains."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from lerobot_pipe.processors import PolicyProcessorPipeline
 from lerobot_pipe.training.banner import banner
 from lerobot_pipe.training.data import make_processors
 from lerobot_pipe.training.ema import EMAState
+from lerobot_pipe.training.memory_plan import banner_line
 from lerobot_pipe.training.meta_build import BuiltPolicy, MetaBuilt, build_on_meta
 from lerobot_pipe.training.optim import make_optimizer, make_scheduler
 from lerobot_pipe.training.preflight import TrainingPlan
@@ -119,7 +121,9 @@ def prepare_session(plan: TrainingPlan, env: DistEnv) -> Session:
     seed_everything(cfg.seed + env.rank)
     state = checkpoints.load(_train_states(plan, env, model, built, adapter_keys), plan.resume)
     if env.is_main:
-        log.info("\n%s", banner(plan, env, (n_params, n_trainable), built.sharding))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+        memory = banner_line(plan, local, env.device)
+        log.info("\n%s", banner(plan, env, (n_params, n_trainable), built.sharding, memory))
     return Session(
         plan=plan,
         policy=built.policy,

@@ -121,6 +121,16 @@ def train_flags():
     return list(dotted_flags(flags))
 
 
+def memory_flags():
+    """lerobot-pipe validate's memory-plan flags: the GPU's size (slurm.gpu_memory_gb, when set),
+    the node's host memory (slurm.mem_mb) and GPUs (slurm.gpus_per_node)."""
+    slurm = config["slurm"]
+    flags = [f"--mem_mb={slurm['mem_mb']}", f"--gpus_per_node={slurm['gpus_per_node']}"]
+    if slurm.get("gpu_memory_gb"):
+        flags.append(f"--gpu_memory_gb={slurm['gpu_memory_gb']}")
+    return flags
+
+
 def flag_params(*flags):
     """Command-line flags as a rule's params, one named param per flag, each quoted for the
     shell: `{params}` is the whole argument list, `{params.output_dir}` one flag.

@@ -1,4 +1,5 @@
-# lerobot-train's own parsing, resolution and checks, for the topology train launches.
+# lerobot-train's own parsing, resolution and checks, for the topology train launches; the
+# memory plan of that topology, refusing a run that cannot fit before anything is queued.
 
 
 rule validate:
@@ -15,6 +16,7 @@ rule validate:
         **flag_params(
             f"--nproc_per_node={config['launch']['nproc_per_node']}",
             f"--nnodes={config['launch']['nnodes']}",
+            *memory_flags(),
             *train_flags(),
         ),
     shell:
