@@ -485,6 +485,10 @@ def banner_line(plan: TrainingPlan, nproc_per_node: int, device: torch.device) -
     stops a run that passed its pre-flight."""
     if plan.cfg.dataset.streaming:
         return None
+    if getattr(plan.cfg.policy, "upstream_class", None) is not None:
+        # LeRobot's own class (policies/lerobot_bridge): its forward may hold collectives (vqbet
+        # all-reduces), which a probe on the main rank alone would leave waiting.
+        return None
     gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     python_state, numpy_state = random.getstate(), np.random.get_state()
     devices = [device] if device.type == "cuda" else []
