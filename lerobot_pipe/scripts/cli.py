@@ -133,7 +133,10 @@ def cmd_plan_memory(options: PlanMemoryOptions, train_args: list[str]) -> int:
     per_node = options.nproc_per_node
     world_size = options.world_size or (per_node or 1) * options.nnodes
     gpu = None if options.gpu_memory_gb is None else int(options.gpu_memory_gb * GB)
-    plan = plan_memory(train_args, world_size, min(per_node or world_size, world_size), gpu)
+    try:
+        plan = plan_memory(train_args, world_size, min(per_node or world_size, world_size), gpu)
+    except OSError as e:  # a file the policy's processors read (a gated tokenizer, ...)
+        raise ConfigError(f"cannot plan without what the policy reads at build time: {e}") from e
     print(json.dumps(plan.to_json(), indent=2) if options.json else plan.describe())
     return 1 if plan.fits is False else 0
 
