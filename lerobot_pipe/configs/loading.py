@@ -4,6 +4,7 @@ flags over them. Values are checked afterwards (:meth:`TrainConfig.validate`).""
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 from lerobot_pipe import constants as C
@@ -102,6 +103,12 @@ def _implemented_by(policy: PreTrainedConfig | None, implementation: str) -> Pre
         )
     data = to_dict(policy)
     data["type"] = name
+    # A flag one class types bool and the other int (ACT's replace_final_stride_with_dilation:
+    # LeRobot's int, ours bool) carries over as the other's type.
+    hints = typing.get_type_hints(cls)
+    for key, value in data.items():
+        if isinstance(value, bool) and hints.get(key) in (int, int | None):
+            data[key] = int(value)
     try:
         return from_dict(PreTrainedConfig, data, "policy.", lenient=True)
     except (ConfigError, ValueError) as e:

@@ -162,23 +162,28 @@ def pretrained(run: Path, step: int) -> Path:
     return run / f"checkpoints/{step:06d}/pretrained_model"
 
 
-def assert_lerobot_loads_it_strictly(folder: Path, policy_type: str) -> None:
-    """LeRobot's own loaders: config, weights (strict, every tensor the file's), processors
-    with lerobot-eval's overrides, and train_config.json less our documented extension keys."""
+def assert_lerobot_loads_it_strictly(folder: Path, policy_type: str, dataset_root: Path):
+    """LeRobot's own loaders: its config, its ``make_policy`` on the dataset's metadata with
+    exactly the file's key set and every tensor the file's (and its strict ``from_pretrained``),
+    processors with lerobot-eval's overrides, and train_config.json less our documented
+    extension keys. Returns LeRobot's policy."""
     import draccus
     import torch
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.configs.train import TrainPipelineConfig
-    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+    from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+    from lerobot.policies.factory import get_policy_class, make_policy, make_pre_post_processors
     from safetensors.torch import load_file
 
     config = PreTrainedConfig.from_pretrained(folder)
     assert config.type == policy_type
-    policy = get_policy_class(policy_type).from_pretrained(folder, strict=True)
+    config.pretrained_path = folder
+    policy = make_policy(config, ds_meta=LeRobotDatasetMetadata("synthetic/reach", dataset_root))
     file = load_file(folder / "model.safetensors")
     state = policy.state_dict()
     assert set(file) == set(state)
-    assert all(torch.equal(file[k], state[k]) for k in file)
+    assert all(torch.equal(file[k], state[k].cpu()) for k in file)
+    get_policy_class(policy_type).from_pretrained(folder, strict=True)
     make_pre_post_processors(
         config,
         pretrained_path=str(folder),
@@ -193,37 +198,27 @@ def assert_lerobot_loads_it_strictly(folder: Path, policy_type: str) -> None:
     assert draccus.decode(TrainPipelineConfig, train_config).policy.type == policy_type
     for name in ("config.json", "train_config.json"):
         assert "implementation" not in (folder / name).read_text()
+    return policy
 
 
-def test_the_pipeline_trains_converts_and_evaluates_lerobots_vqbet(vqbet_pipeline):
-    log = (vqbet_pipeline / "logs/train.log").read_text()
-    assert "Policy: vqbet (LeRobot's own, lerobot.policies.vqbet)" in log
-    assert "Processes: 2 (gloo" in log
-    for step in ("000005", "000010"):
-        folder = vqbet_pipeline / f"converted/{step}/pretrained_model"
-        assert_lerobot_loads_it_strictly(folder, "vqbet")
-        info = json.loads((vqbet_pipeline / f"eval/{step}/eval_info.json").read_text())
-        assert info["overall"]["n_episodes"] == 2
-    best = json.loads((vqbet_pipeline / "eval/best.json").read_text())
-    assert best["step"] in ("000005", "000010")
-
-
-def test_vqbet_checkpoint_predicts_lerobots_actions(vqbet_pipeline):
-    """Ours (LeRobot's class inside our wrapper, loaded by our factory) and LeRobot's own
-    loader give the same actions on the same observations and seeds."""
+def assert_same_actions(folder: Path, dataset_root: Path, theirs, implementation: str) -> None:
+    """The checkpoint loaded by our factory (LeRobot's class inside our wrapper) and by
+    LeRobot's ``make_policy`` choose the same actions on the same observations and seeds,
+    through LeRobot's saved processors."""
     import torch
-    from lerobot.policies.factory import get_policy_class as lerobots
     from lerobot.policies.factory import make_pre_post_processors
 
+    from lerobot_pipe.configs.loading import parse_train_config
     from lerobot_pipe.datasets import LeRobotDataset
     from lerobot_pipe.policies.factory import get_policy_class
 
-    folder = vqbet_pipeline / "converted/000010/pretrained_model"
-    theirs = lerobots("vqbet").from_pretrained(folder, strict=True)
-    ours = get_policy_class("vqbet").from_pretrained(folder)
+    cfg, _ = parse_train_config(
+        [f"--policy.path={folder}", f"--policy.implementation={implementation}"]
+    )
+    ours = get_policy_class(cfg.policy).from_pretrained(folder, config=cfg.policy)
     assert type(ours).__module__.startswith("lerobot_pipe.policies.lerobot_bridge")
     pre, post = make_pre_post_processors(theirs.config, pretrained_path=str(folder))
-    frames = LeRobotDataset(vqbet_pipeline / "dataset")
+    frames = LeRobotDataset(dataset_root)
     actions = {}
     for name, policy in (("ours", ours), ("theirs", theirs)):
         policy.eval()
@@ -241,12 +236,28 @@ def test_vqbet_checkpoint_predicts_lerobots_actions(vqbet_pipeline):
     torch.testing.assert_close(actions["ours"], actions["theirs"], rtol=0, atol=0)
 
 
-def test_vqbet_resumes_on_another_world_size(vqbet_resumed):
+def test_the_pipeline_trains_converts_and_evaluates_lerobots_vqbet(vqbet_pipeline):
+    log = (vqbet_pipeline / "logs/train.log").read_text()
+    assert "Policy: vqbet (LeRobot's own, lerobot.policies.vqbet)" in log
+    assert "Processes: 2 (gloo" in log
+    for step in ("000005", "000010"):
+        folder = vqbet_pipeline / f"converted/{step}/pretrained_model"
+        theirs = assert_lerobot_loads_it_strictly(folder, "vqbet", vqbet_pipeline / "dataset")
+        info = json.loads((vqbet_pipeline / f"eval/{step}/eval_info.json").read_text())
+        assert info["overall"]["n_episodes"] == 2
+    assert_same_actions(folder, vqbet_pipeline / "dataset", theirs, "lerobot_pipe")
+    best = json.loads((vqbet_pipeline / "eval/best.json").read_text())
+    assert best["step"] in ("000005", "000010")
+
+
+def test_vqbet_resumes_on_another_world_size(vqbet_resumed, vqbet_pipeline):
     run, log = vqbet_resumed
     assert "(step 5)" in log and "Processes: 1" in log
     step = json.loads((run / "checkpoints/000010/training_state/training_step.json").read_text())
     assert step["step"] == 10
-    assert_lerobot_loads_it_strictly(pretrained(run, 10), "vqbet")
+    folder, root = pretrained(run, 10), vqbet_pipeline / "dataset"
+    theirs = assert_lerobot_loads_it_strictly(folder, "vqbet", root)
+    assert_same_actions(folder, root, theirs, "lerobot_pipe")
 
 
 def train_whose(argv: list[str]) -> str:
@@ -260,23 +271,41 @@ def train_whose(argv: list[str]) -> str:
     return whose
 
 
-def test_lerobots_act_on_fsdp2_by_flag(data, tmp_path):
-    out = tmp_path / "run"
-    units = '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer","ACTDecoderLayer"]'
-    argv = [*ACT, *dataset(data["camera"]), "--steps=4", "--batch_size=4", "--save_freq=4"]
-    argv += [*COMMON, "--parallelism.dp_shard=2", units, "--checkpoint_format=dcp"]
-    argv += ["--accelerator.mixed_precision=bf16"]
-    whose = run_distributed(train_whose, 2, [*argv, f"--output_dir={out}"])
+def test_lerobots_act_by_flag_on_ddp_resumed_sharded(data, tmp_path):
+    """LeRobot's ACT (``--policy.implementation=lerobot``) on DDP, 2 processes, bf16 autocast;
+    its step-2 checkpoint resumed on FSDP2 (units named by flag, fp32, DCP), converted; both
+    final checkpoints LeRobot's, with LeRobot's actions."""
+    ddp, sharded = tmp_path / "ddp", tmp_path / "sharded"
+    argv = [*ACT, *dataset(data["camera"]), "--steps=4", "--batch_size=4", "--save_freq=2"]
+    argv += [*COMMON, "--accelerator.mixed_precision=bf16"]
+    whose = run_distributed(train_whose, 2, [*argv, f"--output_dir={ddp}"])
     assert whose == ["lerobot.policies.act.configuration_act"] * 2
-    assert (out / "checkpoints/000004/pretrained_model/pytorch_model_fsdp_0").is_dir()
+    shutil.copytree(ddp, sharded, symlinks=True)
+    shutil.rmtree(sharded / "checkpoints/000004")
+    (sharded / "checkpoints/last").unlink()
+    (sharded / "checkpoints/last").symlink_to("000002")
+    resume = [
+        f"--config_path={pretrained(sharded, 2)}/train_config.json",
+        "--resume=true",
+        "--policy.implementation=lerobot",  # never written: named again
+        f"--output_dir={sharded}",
+        "--parallelism.dp_shard=2",
+        '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer","ACTDecoderLayer"]',
+        "--accelerator.mixed_precision=no",
+        "--checkpoint_format=dcp",
+    ]
+    assert run_distributed(train_whose, 2, resume) == whose
+    assert (pretrained(sharded, 4) / "pytorch_model_fsdp_0").is_dir()
     convert = [
         str(BIN / "lerobot-pipe"),
         "convert-dcp",
-        f"--checkpoint_dir={out}/checkpoints/000004",
+        f"--checkpoint_dir={sharded}/checkpoints/000004",
     ]
     done = subprocess.run(convert, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert_lerobot_loads_it_strictly(pretrained(out, 4), "act")
+    for run in (ddp, sharded):
+        theirs = assert_lerobot_loads_it_strictly(pretrained(run, 4), "act", data["camera"])
+        assert_same_actions(pretrained(run, 4), data["camera"], theirs, "lerobot")
 
 
 def test_a_unit_whose_forward_never_runs_is_refused_by_name(data, tmp_path):
