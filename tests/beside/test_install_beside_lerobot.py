@@ -219,7 +219,7 @@ def test_lerobots_own_policies_train_here(beside):
     venv, _ = beside
     run = run_tests_in(venv, REPO / "tests/beside/test_lerobot_policies_here.py")
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-    assert "4 passed" in run.stdout, run.stdout[-3000:]
+    assert "5 passed" in run.stdout, run.stdout[-3000:]
 
 
 def test_uninstalling_changes_nothing_lerobot_installed(beside):

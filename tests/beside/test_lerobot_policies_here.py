@@ -201,7 +201,7 @@ def assert_lerobot_loads_it_strictly(folder: Path, policy_type: str, dataset_roo
     return policy
 
 
-def assert_same_actions(folder: Path, dataset_root: Path, theirs, implementation: str) -> None:
+def assert_same_actions(folder: Path, dataset_root: Path, theirs, *flags: str) -> None:
     """The checkpoint loaded by our factory (LeRobot's class inside our wrapper) and by
     LeRobot's ``make_policy`` choose the same actions on the same observations and seeds,
     through LeRobot's saved processors."""
@@ -212,9 +212,7 @@ def assert_same_actions(folder: Path, dataset_root: Path, theirs, implementation
     from lerobot_pipe.datasets import LeRobotDataset
     from lerobot_pipe.policies.factory import get_policy_class
 
-    cfg, _ = parse_train_config(
-        [f"--policy.path={folder}", f"--policy.implementation={implementation}"]
-    )
+    cfg, _ = parse_train_config([f"--policy.path={folder}", *flags])
     ours = get_policy_class(cfg.policy).from_pretrained(folder, config=cfg.policy)
     assert type(ours).__module__.startswith("lerobot_pipe.policies.lerobot_bridge")
     pre, post = make_pre_post_processors(theirs.config, pretrained_path=str(folder))
@@ -245,7 +243,7 @@ def test_the_pipeline_trains_converts_and_evaluates_lerobots_vqbet(vqbet_pipelin
         theirs = assert_lerobot_loads_it_strictly(folder, "vqbet", vqbet_pipeline / "dataset")
         info = json.loads((vqbet_pipeline / f"eval/{step}/eval_info.json").read_text())
         assert info["overall"]["n_episodes"] == 2
-    assert_same_actions(folder, vqbet_pipeline / "dataset", theirs, "lerobot_pipe")
+    assert_same_actions(folder, vqbet_pipeline / "dataset", theirs)
     best = json.loads((vqbet_pipeline / "eval/best.json").read_text())
     assert best["step"] in ("000005", "000010")
 
@@ -257,7 +255,29 @@ def test_vqbet_resumes_on_another_world_size(vqbet_resumed, vqbet_pipeline):
     assert step["step"] == 10
     folder, root = pretrained(run, 10), vqbet_pipeline / "dataset"
     theirs = assert_lerobot_loads_it_strictly(folder, "vqbet", root)
-    assert_same_actions(folder, root, theirs, "lerobot_pipe")
+    assert_same_actions(folder, root, theirs)
+
+
+def test_lora_on_lerobots_vqbet_takes_lerobots_peft_path(vqbet_pipeline, tmp_path):
+    """LoRA (``--peft.*``, the targets named: LeRobot's class declares none for us) over the
+    pipeline's vqbet: the adapter checkpoint loads through LeRobot's ``make_policy`` (its PEFT
+    path: ``use_peft``, the base named by adapter_config.json)."""
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+    from lerobot.policies.factory import make_policy
+
+    out, root = tmp_path / "lora", vqbet_pipeline / "dataset"
+    argv = [f"--policy.path={vqbet_pipeline / 'converted/000010/pretrained_model'}"]
+    argv += [*dataset(root), "--steps=2", "--batch_size=2", *COMMON, f"--output_dir={out}"]
+    argv += ['--peft.target_modules=["c_attn","c_proj"]']
+    run_distributed(run_train, 1, argv)
+    folder = pretrained(out, 2)
+    assert (folder / "adapter_model.safetensors").is_file()
+    config = PreTrainedConfig.from_pretrained(folder)
+    assert config.use_peft
+    config.pretrained_path = folder
+    policy = make_policy(config, ds_meta=LeRobotDatasetMetadata("synthetic/reach", root))
+    assert type(policy).__name__ == "PeftModel"
 
 
 def train_whose(argv: list[str]) -> str:
@@ -305,7 +325,9 @@ def test_lerobots_act_by_flag_on_ddp_resumed_sharded(data, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for run in (ddp, sharded):
         theirs = assert_lerobot_loads_it_strictly(pretrained(run, 4), "act", data["camera"])
-        assert_same_actions(pretrained(run, 4), data["camera"], theirs, "lerobot")
+        assert_same_actions(
+            pretrained(run, 4), data["camera"], theirs, "--policy.implementation=lerobot"
+        )
 
 
 def test_a_unit_whose_forward_never_runs_is_refused_by_name(data, tmp_path):
