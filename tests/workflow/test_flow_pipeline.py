@@ -96,6 +96,18 @@ def test_the_rerun_has_nothing_to_do(flow_run):
     assert "Nothing to be done" in result.output and result.jobs() == {}
 
 
+def test_more_steps_add_a_segment_and_rerun_none(flow_run):
+    """train.steps 90 -> 120: one segment more; the finished segments' params did not change
+    (--steps is not among them), so neither they nor their checkpoints' jobs run again."""
+    longer = flow_run.write_config("longer.yaml", {"train": {"steps": 120}})
+    result = flow_run.run_ok(
+        "-n", "--cores", "2", "--configfile", "config/config.yaml", "flow.yaml", longer
+    )
+    jobs = result.jobs()
+    assert (jobs["train_segment"], jobs["convert"], jobs["evaluate"]) == (1, 1, 1)
+    assert "segments/000120.json" in result.output and "segments/000090.json\n" not in result.output
+
+
 def test_a_killed_conversion_is_redone_and_nothing_else(tmp_path):
     workspace = Workspace.fresh(tmp_path / "repo")
     command = _command(workspace)

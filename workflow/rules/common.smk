@@ -184,7 +184,9 @@ def complete_steps():
 
 
 def is_final_step(step):
-    if SEGMENTED:  # known before training ends (the publish jobs of segments run meanwhile)
+    if (
+        SEGMENTED
+    ):  # known before training ends (the publish jobs of segments run meanwhile)
         return int(step) == TOTAL_STEPS
     return step == complete_steps()[-1]
 
@@ -208,7 +210,9 @@ def flow_evaluated(wildcards):
 def flow_published(wildcards):
     """publish.steps: all, every segment's checkpoint; final, the last one; best: none before
     training ends (the best is known only then)."""
-    steps = {"all": FLOW_STEPS, "final": FLOW_STEPS[-1:]}.get(config["publish"]["steps"], [])
+    steps = {"all": FLOW_STEPS, "final": FLOW_STEPS[-1:]}.get(
+        config["publish"]["steps"], []
+    )
     return expand(rules.publish.output[0], step=steps)
 
 
@@ -372,3 +376,57 @@ def report_command():
             *args,
         ]
     )
+
+
+def without_steps(flags):
+    """A segment's flags: --steps, which grows with a longer run, is read from validate's
+    resolved config instead (launch-train --steps_from), so a finished segment's params stay.
+    """
+    return [flag for flag in flags if not flag.startswith("--steps=")]
+
+
+def previous_segment(wildcards):
+    """The receipt of the segment before (resume from its checkpoint); none for the first."""
+    ends = [step_name(end) for end in segment_ends()]
+    at = ends.index(wildcards.step)
+    return SEGMENT.format(step=ends[at - 1]) if at else []
+
+
+def convert_input(wildcards):
+    return segment_of(wildcards.step) if SEGMENTED else STEP_FILE.format(**wildcards)
+
+
+def unpin_pending(wildcards):
+    """The command that removes the step's pending pin, where conversion is its last use."""
+    if not SEGMENTED or EVALUATING:
+        return "true"
+    return (
+        f"lerobot-pipe unpin --output_dir={TRAIN_DIR} --step={wildcards.step} "
+        "--reason=pending"
+    )
+
+
+def train_resources():
+    """sbatch resources of the train job; local runs use only threads."""
+    slurm = config["slurm"]
+    resources = {
+        "nodes": config["launch"]["nnodes"],
+        "tasks": WORLD_SIZE,
+        # One task per training process, spread evenly over the nodes.
+        "slurm_extra": f"--ntasks-per-node={config['launch']['nproc_per_node']}",
+        "cpus_per_task": slurm["cpus_per_task"],
+        "mem_mb": slurm["mem_mb"],
+        "runtime": slurm["runtime"],
+    }
+    if WORLD_SIZE > 1:
+        # The shell then runs in the batch step and starts one torchrun per node itself.
+        resources["mpi"] = "srun"
+    if slurm["gpus_per_node"]:
+        resources["gres"] = f"gpu:{slurm['gpus_per_node']}"
+        # Else the plugin passes --ntasks-per-gpu=<tasks>; no per-GPU task binding is
+        # wanted: each node's torchrun gives its ranks the node's GPUs itself.
+        resources["tasks_per_gpu"] = 0
+    for key in ("partition", "account"):
+        if slurm[key]:
+            resources[f"slurm_{key}"] = slurm[key]
+    return resources

@@ -5,20 +5,6 @@
 # the next segment trains); without evaluation it then removes the step's `pending` pin.
 
 
-def convert_input(wildcards):
-    return segment_of(wildcards.step) if SEGMENTED else STEP_FILE.format(**wildcards)
-
-
-def unpin_pending(wildcards):
-    """The command that removes the step's pending pin, where conversion is its last use."""
-    if not SEGMENTED or EVALUATING:
-        return "true"
-    return (
-        f"lerobot-pipe unpin --output_dir={TRAIN_DIR} --step={wildcards.step} "
-        "--reason=pending"
-    )
-
-
 rule convert:
     input:
         convert_input,

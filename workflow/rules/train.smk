@@ -11,64 +11,26 @@
 # receipt (segments/<k>.json) that the conversion of checkpoint k waits for, so conversion,
 # evaluation and publishing of k run while segment k+1 trains; `train` then only records the
 # final checkpoint. docs/design.md, "Checkpoints that flow".
-def train_resources():
-    """sbatch resources of the train job; local runs use only threads."""
-    slurm = config["slurm"]
-    resources = {
-        "nodes": config["launch"]["nnodes"],
-        "tasks": WORLD_SIZE,
-        # One task per training process, spread evenly over the nodes.
-        "slurm_extra": f"--ntasks-per-node={config['launch']['nproc_per_node']}",
-        "cpus_per_task": slurm["cpus_per_task"],
-        "mem_mb": slurm["mem_mb"],
-        "runtime": slurm["runtime"],
-    }
-    if WORLD_SIZE > 1:
-        # The shell then runs in the batch step and starts one torchrun per node itself.
-        resources["mpi"] = "srun"
-    if slurm["gpus_per_node"]:
-        resources["gres"] = f"gpu:{slurm['gpus_per_node']}"
-        # Else the plugin passes --ntasks-per-gpu=<tasks>; no per-GPU task binding is
-        # wanted: each node's torchrun gives its ranks the node's GPUs itself.
-        resources["tasks_per_gpu"] = 0
-    for key in ("partition", "account"):
-        if slurm[key]:
-            resources[f"slurm_{key}"] = slurm[key]
-    return resources
-
-
-def without_steps(flags):
-    """A segment's flags: --steps, which grows with a longer run, is read from validate's
-    resolved config instead (launch-train --steps_from), so a finished segment's params stay."""
-    return [flag for flag in flags if not flag.startswith("--steps=")]
-
-
-def previous_segment(wildcards):
-    """The receipt of the segment before (resume from its checkpoint); none for the first."""
-    ends = [step_name(end) for end in segment_ends()]
-    at = ends.index(wildcards.step)
-    return SEGMENT.format(step=ends[at - 1]) if at else []
-
-
 if SEGMENTED:
 
     rule train_segment:
         input:
-            # ancient: a new validate (train.steps grown) does not rerun finished segments.
+            # ancient: a validate run again (e.g. for a longer train.steps) does not rerun the
+            # finished segments; the train job below takes the new ones in.
             dataset=ancient(dataset_input),
             resolved=ancient(rules.validate.output[0]),
-            previous=ancient(previous_segment),
+            previous=previous_segment,
         output:
             SEGMENT,
         log:
             f"{RESULTS}/logs/train/{{step}}.log",
+        # Training first: a free core goes to the next segment before a conversion.
+        priority: 10
         conda:
             "../../envs/lerobot_pipe.yaml"
         threads: config["launch"]["nproc_per_node"]
         resources:
             **train_resources(),
-        # Training first: a free core goes to the next segment before a conversion.
-        priority: 10
         params:
             # lerobot-pipe launch-train's arguments, one param per flag (see flag_params).
             **flag_params(
@@ -90,7 +52,11 @@ if SEGMENTED:
 
     checkpoint train:
         input:
-            SEGMENT.format(step=step_name(TOTAL_STEPS)),
+            # The last segment, and through it any segment not yet trained: a validate run
+            # again reruns this job, and Snakemake then finds the segments it misses (a
+            # segment's own ancient inputs would hide them).
+            last=SEGMENT.format(step=step_name(TOTAL_STEPS)),
+            valid=rules.validate.output.valid,
         output:
             f"{RESULTS}/final_checkpoint.json",
         log:
@@ -102,11 +68,12 @@ if SEGMENTED:
         shell:
             # The last segment's checkpoint record; the log links to the run's whole log.
             """
-            lerobot-pipe final-checkpoint --receipt={input} --output={output} \
+            lerobot-pipe final-checkpoint --receipt={input.last} --output={output} \
                 --log={log} --history={params.history}
             """
 
 else:
+
     checkpoint train:
         input:
             dataset_input,

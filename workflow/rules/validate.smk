@@ -1,4 +1,7 @@
-# lerobot-train's own parsing, resolution and checks, for the topology train launches.
+# lerobot-train's own parsing, resolution and checks, for the topology train launches. With
+# training segments the train job also waits for the marker `validated`: a validate run again
+# (e.g. for a longer train.steps) then reruns that job, through which Snakemake finds the
+# segments still to train (each segment reads the resolved config as an ancient input).
 
 
 rule validate:
@@ -6,6 +9,7 @@ rule validate:
         dataset_input,
     output:
         f"{RESULTS}/resolved_train_config.json",
+        valid=f"{RESULTS}/validated",
     log:
         f"{RESULTS}/logs/validate.log",
     conda:
@@ -22,5 +26,6 @@ rule validate:
         # will run it. Messages go to the console too: they explain a bad config.
         """
         resume=$(lerobot-pipe resume-args {params.output_dir} 2>{log})
-        lerobot-pipe validate --write_resolved={output} $resume {params} 2>&1 | tee -a {log}
+        lerobot-pipe validate --write_resolved={output[0]} $resume {params} 2>&1 | tee -a {log}
+        echo valid >{output.valid}
         """
