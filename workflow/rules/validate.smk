@@ -8,7 +8,7 @@ rule validate:
     input:
         dataset_input,
     output:
-        f"{RESULTS}/resolved_train_config.json",
+        resolved=f"{RESULTS}/resolved_train_config.json",
         valid=f"{RESULTS}/validated",
     log:
         f"{RESULTS}/logs/validate.log",
@@ -26,6 +26,6 @@ rule validate:
         # will run it. Messages go to the console too: they explain a bad config.
         """
         resume=$(lerobot-pipe resume-args {params.output_dir} 2>{log})
-        lerobot-pipe validate --write_resolved={output[0]} $resume {params} 2>&1 | tee -a {log}
+        lerobot-pipe validate --write_resolved={output.resolved} $resume {params} 2>&1 | tee -a {log}
         echo valid >{output.valid}
         """
