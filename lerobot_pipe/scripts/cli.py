@@ -345,7 +345,7 @@ COMMANDS: dict[str, Command] = {
     "validate": Command(ValidateOptions, cmd_validate, passes_on=True),
     "resume-args": Command(ResumeArgsOptions, cmd_resume_args),
     "launch-train": Command(LaunchTrainOptions, cmd_launch_train, passes_on=True),
-    "final-checkpoint": Command(FinalCheckpointOptions, cmd_final_checkpoint),
+    "finish-train": Command(FinalCheckpointOptions, cmd_final_checkpoint),
     "check-run-lock": Command(CheckRunLockOptions, cmd_check_run_lock),
     "publish": Command(PublishOptions, cmd_publish),
     "eval-checkpoint": Command(EvaluateOptions, cmd_evaluate, passes_to_eval=True),

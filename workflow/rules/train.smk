@@ -68,7 +68,7 @@ if SEGMENTED:
         shell:
             # The last segment's checkpoint record; the log links to the run's whole log.
             """
-            lerobot-pipe final-checkpoint --receipt={input.last} --output={output} \
+            lerobot-pipe finish-train --receipt={input.last} --output={output} \
                 --log={log} --history={params.history}
             """
 
