@@ -377,8 +377,11 @@ def _check_unlocked(output_dir: Path, log_path: Path) -> None:
         raise
 
 
-def _nothing_to_train(supervisor: Supervisor, point, end: int, flag: str, output_dir: Path) -> bool:
-    """Says where training starts; True when the newest checkpoint already reaches ``end``."""
+def _nothing_to_train(
+    supervisor: Supervisor, point, end: int, until: str, output_dir: Path
+) -> bool:
+    """Says where training starts; True when the newest checkpoint already reaches ``end``
+    (``until`` names the flag that set it)."""
     if point is None:
         supervisor.say(f"no complete checkpoint in {output_dir}: training starts fresh")
         return False
@@ -386,13 +389,13 @@ def _nothing_to_train(supervisor: Supervisor, point, end: int, flag: str, output
     if point.step < end:
         return False
     supervisor.say(
-        f"checkpoint step {point.step} already reaches {flag}={end}: nothing to train, "
+        f"checkpoint step {point.step} already reaches {until}: nothing to train, "
         "torchrun not started"
     )
     return True
 
 
-def save_steps(start: int, end: int, save_freq: int, total_steps: int) -> list[int]:
+def save_steps(start: int, end: int, save_freq: int) -> list[int]:
     """The steps a launch from ``start`` to ``end`` saves: every ``save_freq``-th, and ``end``."""
     steps = [s for s in range(start + 1, end + 1) if save_freq > 0 and s % save_freq == 0]
     return steps if end in steps else [*steps, end]
@@ -450,7 +453,7 @@ def launch_train(
         raise ConfigError("launch-train needs --output_dir")
     output_dir = Path(cfg.output_dir)
     end = last_step_of_launch(cfg)
-    flag = "--steps" if end == cfg.steps else "--stop_after_step"
+    until = f"--steps={end} (train.steps)" if end == cfg.steps else f"--stop_after_step={end}"
     link_to_history(log_path, history)
     if history is not None:
         # The run's log under its usual name too (the train job's own log, once it runs).
@@ -467,7 +470,7 @@ def launch_train(
         attempt_start = log_file.tell()
         supervisor = Supervisor(log_file, EventFollower(events_path(output_dir)), terminal)
         try:
-            if _nothing_to_train(supervisor, point, end, flag, output_dir):
+            if _nothing_to_train(supervisor, point, end, until, output_dir):
                 if final_checkpoint is not None:
                     write_final_checkpoint(point.step_dir, final_checkpoint)
                 if receipt is not None:
@@ -475,7 +478,7 @@ def launch_train(
                 return 0
             if pin_pending and cfg.save_checkpoint:
                 start = point.step if point is not None else 0
-                pending = save_steps(start, end, cfg.save_freq, cfg.steps)
+                pending = save_steps(start, end, cfg.save_freq)
                 for step in pending:
                     pin(output_dir, step_folder_name(step, cfg.steps), "pending")
                 supervisor.say(

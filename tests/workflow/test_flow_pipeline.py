@@ -39,7 +39,8 @@ def _eval_info(step: str) -> str:
 
 
 def _pins(workspace: Workspace) -> list[str]:
-    return sorted(p.name for p in workspace.path(f"{TRAIN_DIR}/{PINS_DIR}").iterdir())
+    folder = workspace.path(f"{TRAIN_DIR}/{PINS_DIR}")
+    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".tmp"))
 
 
 def _checkpoint_files(workspace: Workspace, steps: list[str]) -> dict[str, int]:
