@@ -107,8 +107,10 @@ def test_dry_run_plans_the_stages_before_the_checkpoint(workspace):
     for job in result.planned_jobs():
         if job.rule == "train_segment":
             step = int(job.fields["wildcards"].removeprefix("step="))
-            # Each stops at its end; the run's total comes from validate's resolved config.
+            # Each stops at its end; its flags are those validate checked, the total steps its
+            # resolved config's.
             assert f"--stop_after_step={step}" in job.shell and "--steps=" not in job.shell
+            assert "train_flags" in job.shell and "--policy.type" not in job.shell
         if job.rule == "convert":
             assert job.fields["input"] == f"{RUN}/segments/{job.fields['wildcards'][5:]}.json"
     assert "Publishing is off" in result.output

@@ -378,13 +378,6 @@ def report_command():
     )
 
 
-def without_steps(flags):
-    """A segment's flags: --steps, which grows with a longer run, is read from validate's
-    resolved config instead (launch-train --steps_from), so a finished segment's params stay.
-    """
-    return [flag for flag in flags if not flag.startswith("--steps=")]
-
-
 def previous_segment(wildcards):
     """The receipt of the segment before (resume from its checkpoint); none for the first."""
     ends = [step_name(end) for end in segment_ends()]

@@ -15,10 +15,11 @@ if SEGMENTED:
 
     rule train_segment:
         input:
-            # ancient: a validate run again (e.g. for a longer train.steps) does not rerun the
-            # finished segments; the train job below takes the new ones in.
+            # ancient: a validate run again (a longer train.steps, any other change) reruns no
+            # finished segment; the train job below takes the new ones in.
             dataset=ancient(dataset_input),
-            resolved=ancient(rules.validate.output[0]),
+            resolved=ancient(rules.validate.output.resolved),
+            flags=ancient(rules.validate.output.flags),
             previous=previous_segment,
         output:
             SEGMENT,
@@ -32,22 +33,19 @@ if SEGMENTED:
         resources:
             **train_resources(),
         params:
-            # lerobot-pipe launch-train's arguments, one param per flag (see flag_params).
-            **flag_params(
-                f"--nproc_per_node={config['launch']['nproc_per_node']}",
-                f"--nnodes={config['launch']['nnodes']}",
-                f"--rdzv_port={config['launch']['rdzv_port']}",
-                *without_steps(train_flags()),
-            ),
+            # Only what makes this segment itself: the flags come from {input.flags} (those
+            # validate checked), --steps from {input.resolved}, so a segment's params never change.
+            rdzv_port=f"--rdzv_port={config['launch']['rdzv_port']}",
             stop_after_step=lambda wildcards: f"--stop_after_step={int(wildcards.step)}",
         shell:
             # As the unbroken train job below; launch-train pins the checkpoints it will save
             # (reason pending) until they are evaluated, and writes the receipt {output} last.
             """
             export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 # threads: sets both to 2 per rank
+            mapfile -t flags <{input.flags}
             exec lerobot-pipe launch-train --cpus_per_task={resources.cpus_per_task} \
                 --log={log} --history=%s --steps_from={input.resolved} \
-                --receipt={output} --pin_pending=true {params}
+                --receipt={output} --pin_pending=true {params} "${{flags[@]}}"
             """ % TRAIN_HISTORY
 
     checkpoint train:

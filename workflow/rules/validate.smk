@@ -1,7 +1,8 @@
 # lerobot-train's own parsing, resolution and checks, for the topology train launches. With
-# training segments the train job also waits for the marker `validated`: a validate run again
-# (e.g. for a longer train.steps) then reruns that job, through which Snakemake finds the
-# segments still to train (each segment reads the resolved config as an ancient input).
+# training segments: `train_flags` holds the flags validate checked, one a line, --steps left
+# out; each segment launches with them (an ancient input: a validate run again reruns no
+# finished segment, whatever changed), and the train job waits for the marker `validated`, so
+# that a validate run again reruns it and Snakemake finds the segments still to train.
 
 
 rule validate:
@@ -10,6 +11,7 @@ rule validate:
     output:
         resolved=f"{RESULTS}/resolved_train_config.json",
         valid=f"{RESULTS}/validated",
+        flags=f"{RESULTS}/train_flags",
     log:
         f"{RESULTS}/logs/validate.log",
     conda:
@@ -27,5 +29,6 @@ rule validate:
         """
         resume=$(lerobot-pipe resume-args {params.output_dir} 2>{log})
         lerobot-pipe validate --write_resolved={output.resolved} $resume {params} 2>&1 | tee -a {log}
+        printf '%s\n' {params} | grep -v '^--steps=' >{output.flags}
         echo valid >{output.valid}
         """
