@@ -97,17 +97,25 @@ def test_the_rerun_has_nothing_to_do(flow_run):
     assert "Nothing to be done" in result.output and result.jobs() == {}
 
 
-def test_more_steps_add_a_segment_and_rerun_none(flow_run):
-    """train.steps 90 -> 120: one segment more; the finished segments' params did not change
-    (--steps is not among them), so neither they nor their checkpoints' jobs run again."""
-    longer = flow_run.write_config("longer.yaml", {"train": {"steps": 120}})
-    result = flow_run.run_ok(
-        "-n", "--cores", "2", "--configfile", "config/config.yaml", "flow.yaml", longer
+def test_more_steps_add_a_segment_and_rerun_none(flow_run, tmp_path):
+    """train.steps 90 -> 120, on 2 processes: one segment more; the finished segments' params
+    hold only their end (their flags come from validate's output, an ancient input), so neither
+    they nor their checkpoints' jobs run again, also once the train checkpoint has re-evaluated
+    the DAG."""
+    run = flow_run.clone(tmp_path / "repo")
+    done = run.mtimes(f"{RUN}/segments/*.json") | run.mtimes(f"{RUN}/eval/0*/eval_info.json")
+    longer = run.write_config(
+        "longer.yaml", {"train": {"steps": 120}, "launch": {"nproc_per_node": 2}}
     )
-    jobs = result.jobs()
+    command = ("--cores", "2", "--configfile", "config/config.yaml", "flow.yaml", longer)
+    planned = run.run_ok("-n", *command).jobs()
+    assert (planned["train_segment"], planned["convert"], planned["evaluate"]) == (1, 1, 1)
+    jobs = run.run_ok(*command).jobs()
     assert (jobs["train_segment"], jobs["convert"], jobs["evaluate"]) == (1, 1, 1)
-    (segment,) = [job for job in result.planned_jobs() if job.rule == "train_segment"]
-    assert segment.fields["wildcards"] == "step=000120"
+    after = run.mtimes(f"{RUN}/segments/*.json") | run.mtimes(f"{RUN}/eval/0*/eval_info.json")
+    assert {path: after[path] for path in done} == done
+    assert run.final_checkpoint()["step"] == 120 and run.final_checkpoint()["world_size"] == 2
+    assert "resharded" in run.path(f"{RUN}/logs/train.log").read_text()
 
 
 def test_a_killed_conversion_is_redone_and_nothing_else(tmp_path):
