@@ -192,7 +192,12 @@ def is_final_step(step):
 
 
 def segment_of(step):
-    """The receipt of the segment that saves checkpoint ``step`` (a step folder name)."""
+    """The receipt of the segment that saved checkpoint ``step`` (a step folder name): its own,
+    when a segment ended there (also one of an earlier run with other steps, so that its
+    conversion stays done), else the first segment that ends after it."""
+    own = SEGMENT.format(step=step)
+    if Path(own).is_file():
+        return own
     ends = [end for end in segment_ends() if end >= int(step)]
     return SEGMENT.format(step=step_name(ends[0] if ends else TOTAL_STEPS))
 
