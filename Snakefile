@@ -61,6 +61,10 @@ localrules:
 rule all:
     default_target: True
     input:
+        # Named before training ends (segments' checkpoints): they run while it goes on.
+        flow_converted,
+        flow_evaluated if EVALUATING else [],
+        flow_published if PUBLISHING else [],
         converted_steps,
         [evaluated_steps, BEST, rules.plot_eval.output] if EVALUATING else [],
         published_steps if PUBLISHING else [],
@@ -70,17 +74,20 @@ rule all:
 
 rule convert_all:
     input:
+        flow_converted,
         converted_steps,
 
 
 rule evaluate_all:
     input:
+        flow_evaluated,
         evaluated_steps,
         BEST,
 
 
 rule publish_all:
     input:
+        flow_published,
         published_steps,
 
 

@@ -58,7 +58,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = REPO / ".venv" / "bin"
+# BENCH_VENV: another venv (a git worktree has none of its own).
+VENV_BIN = Path(os.environ.get("BENCH_VENV", REPO / ".venv")) / "bin"
 WORKFLOW_PARTS = ("Snakefile", "workflow", "config", "envs")
 TARGET = 1.15
 LABELS = {
@@ -525,6 +526,77 @@ def med(xs):
     return statistics.median(xs)
 
 
+# --------------------------------------------------------------------------- --flow
+# Checkpoints that flow (launch.segment_steps): the same run trained in segments, each
+# checkpoint converted and evaluated while the next segment trains, against one unbroken train
+# job (segment_steps: 0), as the pipeline ran before.
+FLOW_CONFIGS = {
+    "default": {},
+    "300 steps, a checkpoint every 30": {"train": {"steps": 300, "save_freq": 30}},
+}
+
+
+def run_flow(base: Path, name: str, override: dict, segmented: bool) -> dict:
+    work = fresh_copy(base, "flow")
+    config = {**override, "launch": {"segment_steps": None if segmented else 0}}
+    (work / "override.yaml").write_text(yaml.safe_dump(config))
+    start = time.time()
+    wall, lines = run_stamped(
+        ["snakemake", "--cores", "2", "--configfile", "config/config.yaml", "override.yaml"],
+        work,
+        work / "console.log",
+    )
+    results = work / "results" / "default"
+    evals = sorted(results.glob("eval/*/eval_info.json"))
+    steps = sorted(results.glob("train/checkpoints/0*/training_state/training_step.json"))
+    phases = snakemake_phases(lines, wall)
+    return {
+        "wall": wall,
+        "train_s": phases["per_rule"].get("train_segment", 0.0)
+        + phases["per_rule"].get("train", 0.0),
+        # From snakemake's start to the first checkpoint's evaluation, and to the last checkpoint.
+        "first_eval": evals[0].stat().st_mtime - start,
+        "last_checkpoint": steps[-1].stat().st_mtime - start,
+        "n_checkpoints": len(steps),
+        "last_loss": check_outputs(work, "results/default", len(steps))["last_loss"],
+    }
+
+
+def flow_main(reps: int) -> None:
+    base = Path(tempfile.mkdtemp(prefix="bench_flow_"))
+    print(f"temporary folder {base}; load average {load_average()}", flush=True)
+    try:
+        for name, override in FLOW_CONFIGS.items():
+            runs: dict[bool, list[dict]] = {True: [], False: []}
+            for rep in range(reps):
+                for segmented in (True, False) if rep % 2 == 0 else (False, True):
+                    r = run_flow(base, name, override, segmented)
+                    runs[segmented].append(r)
+                    print(
+                        f"{name}: rep {rep + 1} {'segments' if segmented else 'unbroken'} "
+                        f"{r['wall']:.1f} s (training jobs {r['train_s']:.1f} s; first "
+                        f"evaluation at {r['first_eval']:.1f} s, last checkpoint at "
+                        f"{r['last_checkpoint']:.1f} s; last loss {r['last_loss']:.6f}; load "
+                        f"{load_average()})",
+                        flush=True,
+                    )
+            seg, one = runs[True], runs[False]
+            boundaries = seg[0]["n_checkpoints"] - 1
+            wall_s, wall_u = med([r["wall"] for r in seg]), med([r["wall"] for r in one])
+            train_s, train_u = med([r["train_s"] for r in seg]), med([r["train_s"] for r in one])
+            print(
+                f"{name}: wall {wall_s:.1f} s in segments vs {wall_u:.1f} s unbroken "
+                f"({wall_s / wall_u:.2f}x); training jobs {train_s:.1f} vs {train_u:.1f} s: "
+                f"{(train_s - train_u) / boundaries:.1f} s per boundary ({boundaries}); first "
+                f"evaluation at {med([r['first_eval'] for r in seg]):.1f} vs "
+                f"{med([r['first_eval'] for r in one]):.1f} s; same last loss: "
+                f"{len({round(r['last_loss'], 6) for r in seg + one}) == 1}",
+                flush=True,
+            )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=3, help="repetitions of A and of B (>= 3)")
@@ -532,7 +604,15 @@ def main() -> None:
     ap.add_argument("--noop-steps", type=int, default=100)
     ap.add_argument("--skip-noop", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folders")
+    ap.add_argument(
+        "--flow",
+        action="store_true",
+        help="instead: training in segments vs one unbroken train job (launch.segment_steps)",
+    )
     args = ap.parse_args()
+    if args.flow:
+        flow_main(args.reps)
+        return
 
     for tool in ("snakemake", "torchrun", "lerobot-train", "lerobot-pipe", "lerobot-convert-dcp"):
         if not (VENV_BIN / tool).exists():

@@ -6,7 +6,10 @@ A pin is a small file ``<output_dir>/pins/<step folder>.<reason>`` beside ``chec
 - ``best``: the checkpoint the pipeline chose by its evaluation (one at a time: choosing another
   moves the pin), kept so that later training with retention does not delete it;
 - ``evaluate`` / ``publish``: the checkpoint a pipeline job is evaluating or publishing now,
-  pinned for the job's length (:func:`pinned`).
+  pinned for the job's length (:func:`pinned`);
+- ``pending``: a checkpoint a training segment of the pipeline will save (pinned before it
+  exists), kept until the pipeline has evaluated it (converted it, when it does not evaluate):
+  training never waits for its evaluation, retention skips it meanwhile (and logs so).
 
 :func:`~lerobot_pipe.checkpoint.layout.prune_checkpoints` reads them, as it reads ``last``. A job
 killed hard leaves its pin: the checkpoint then stays until the same job runs again (it removes
@@ -25,7 +28,7 @@ from pathlib import Path
 from lerobot_pipe import constants as C
 from lerobot_pipe.fsutil import write_json_atomic
 
-REASONS = ("best", "evaluate", "publish")
+REASONS = ("best", "evaluate", "publish", "pending")
 
 
 def pins_dir(output_dir: str | Path) -> Path:

@@ -46,5 +46,9 @@ class PolicyFiles:
         self.pre.save_pretrained(directory)
         self.post.save_pretrained(directory)
         fault_point("save:after_processors")
-        text = json.dumps(to_dict(self.cfg), indent=4) + "\n"
+        config = to_dict(self.cfg)
+        # Where one launch stopped is not the run's config: a resume from this checkpoint with
+        # its train_config.json must not stop there again.
+        config.pop("stop_after_step", None)
+        text = json.dumps(config, indent=4) + "\n"
         (directory / C.TRAIN_CONFIG_NAME).write_text(text)

@@ -411,6 +411,11 @@ class TrainConfig:
     checkpoint_async: bool = field(default=False, metadata=OMIT_AT_DEFAULT)
     # Keep only the newest N complete checkpoints (and the one `last` points to); 0 keeps all.
     checkpoint_keep_last: int = field(default=0, metadata=OMIT_AT_DEFAULT)
+    # End this launch after this loop step, with a checkpoint there (0: at --steps). The
+    # learning-rate schedule and everything else still follow --steps, the run's total: a later
+    # launch resumes from that checkpoint exactly. The pipeline's training segments use it; it is
+    # not written into the checkpoint's train_config.json.
+    stop_after_step: int = field(default=0, metadata=OMIT_AT_DEFAULT)
     # EMA of the weights (LeRobot main's --ema.*, after 0.6.1): written only when changed.
     ema: EMAConfig = field(default_factory=EMAConfig, metadata=OMIT_AT_DEFAULT)
 
@@ -431,6 +436,7 @@ class TrainConfig:
             "checkpoint_keep_last", self.checkpoint_keep_last, "0 keeps every checkpoint"
         )
         checks.non_negative("num_workers", self.num_workers)
+        checks.non_negative("stop_after_step", self.stop_after_step, "0 stops at --steps")
         checks.non_negative("seed", self.seed)
         self.accelerator.validate()
         _refuse_unbuilt(self)

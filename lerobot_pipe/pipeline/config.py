@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 # lerobot-train flags the pipeline sets itself (the schema refuses them under `train`).
-_SET_BY_PIPELINE = {"output_dir", "job_name", "resume", "config_path"}
+_SET_BY_PIPELINE = {"output_dir", "job_name", "resume", "config_path", "stop_after_step"}
 # --dataset.* flags that come from the config's own `dataset` section.
 _DATASET_KEYS = {"dataset.root", "dataset.repo_id", "dataset.revision", "dataset.eval_split"}
 _FLAG = re.compile(r"--([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")

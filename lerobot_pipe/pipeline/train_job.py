@@ -20,7 +20,15 @@ SLURM profile, of the job's own snakemake inside the allocation), and:
 5. stops training when snakemake is gone, however it went (SIGKILL included), and when it is
    told to stop (SIGINT from Ctrl-C, SIGTERM, SIGHUP): SIGTERM to torchrun's group, and torchrun
    stops its workers; whatever still runs GRACE_S later (or at a second signal) is SIGKILLed;
-6. copies the final checkpoint's training_step.json to the job's output.
+6. copies the final checkpoint's training_step.json to the job's output;
+7. as one training segment of the pipeline (``--stop_after_step=k``, ``--receipt``): trains up to
+   step ``k`` only (the schedule still follows ``--steps``, the run's total, which ``--steps_from``
+   reads from validate's resolved config so that the segment's own flags do not change when
+   ``steps`` grows), pins each checkpoint it will save with reason ``pending`` before it starts
+   (retention keeps them until the pipeline has evaluated them), and writes the segment's
+   receipt: a small JSON file outside the checkpoint folders naming checkpoint ``k``, the same
+   bytes however often it is written, so that a segment run again with nothing to train does not
+   make Snakemake redo the jobs downstream of it.
 
 Why a polling watchdog and not ``PR_SET_PDEATHSIG``: that signal fires when the parent *thread*
 that started the process exits, and Snakemake starts jobs from the worker threads of a pool;
@@ -32,6 +40,7 @@ changes: checked every POLL_S seconds, whatever killed snakemake.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -49,9 +58,12 @@ from lerobot_pipe.checkpoint import resume
 from lerobot_pipe.checkpoint.layout import (
     CheckpointError,
     checkpoints_dir,
+    is_complete,
     list_complete_checkpoints,
     read_training_step,
+    step_folder_name,
 )
+from lerobot_pipe.checkpoint.pins import pin
 from lerobot_pipe.configs.parser import ConfigError
 from lerobot_pipe.fsutil import write_json_atomic
 from lerobot_pipe.pipeline.config import with_config_keys
@@ -315,11 +327,14 @@ def write_final_checkpoint(step_dir: Path, path: Path) -> None:
     write_json_atomic(path, read_training_step(step_dir))
 
 
-def link_to_history(log_path: Path) -> Path:
+def link_to_history(log_path: Path, history: Path | None = None) -> Path:
     """Make ``log_path`` (the job's log, which Snakemake deletes before each attempt) a relative
-    link to the run's whole log, which it never deletes; a log file an earlier version wrote
-    there is moved into the history first. Returns the history's path."""
-    history = log_path.with_name(f"{log_path.stem}-history{log_path.suffix}")
+    link to the run's whole log, which it never deletes (``history``, by default
+    ``<log>-history``); a log file an earlier version wrote there is moved into the history
+    first. Returns the history's path."""
+    if history is None:
+        history = log_path.with_name(f"{log_path.stem}-history{log_path.suffix}")
+    target = os.path.relpath(history, log_path.parent)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if log_path.is_symlink():
         if log_path.resolve() == history.resolve():
@@ -331,7 +346,7 @@ def link_to_history(log_path: Path) -> Path:
         log_path.unlink()
     tmp = log_path.with_name(f".{log_path.name}.tmp")
     tmp.unlink(missing_ok=True)
-    os.symlink(history.name, tmp)
+    os.symlink(target, tmp)
     os.replace(tmp, log_path)
     return history
 
@@ -362,19 +377,39 @@ def _check_unlocked(output_dir: Path, log_path: Path) -> None:
         raise
 
 
-def _nothing_to_train(supervisor: Supervisor, point, steps: int, output_dir: Path) -> bool:
-    """Says where training starts; True when the newest checkpoint already reaches ``steps``."""
+def _nothing_to_train(
+    supervisor: Supervisor, point, end: int, until: str, output_dir: Path
+) -> bool:
+    """Says where training starts; True when the newest checkpoint already reaches ``end``
+    (``until`` names the flag that set it)."""
     if point is None:
         supervisor.say(f"no complete checkpoint in {output_dir}: training starts fresh")
         return False
     supervisor.say(f"resuming from {_shown(point.step_dir)} (step {point.step})")
-    if point.step < steps:
+    if point.step < end:
         return False
     supervisor.say(
-        f"checkpoint step {point.step} already reaches --steps={steps} "
-        "(train.steps): nothing to train, torchrun not started"
+        f"checkpoint step {point.step} already reaches {until}: nothing to train, "
+        "torchrun not started"
     )
     return True
+
+
+def save_steps(start: int, end: int, save_freq: int) -> list[int]:
+    """The steps a launch from ``start`` to ``end`` saves: every ``save_freq``-th, and ``end``."""
+    steps = [s for s in range(start + 1, end + 1) if save_freq > 0 and s % save_freq == 0]
+    return steps if end in steps else [*steps, end]
+
+
+def write_receipt(output_dir: Path, end: int, total_steps: int, path: Path) -> None:
+    """A segment's receipt: the checkpoint of step ``end`` (its training_step.json record), or
+    ``null`` when retention already deleted it. No time in it: the same bytes every time."""
+    step_dir = checkpoints_dir(output_dir) / step_folder_name(end, total_steps)
+    record = read_training_step(step_dir) if is_complete(step_dir) else None
+    write_json_atomic(
+        path,
+        {"segment_end": end, "checkpoint": _shown(step_dir).as_posix(), "training_step": record},
+    )
 
 
 def _newest_checkpoint(output_dir: Path) -> Path:
@@ -398,17 +433,31 @@ def launch_train(
     cpus_per_task: int = 1,
     env: Mapping[str, str] = os.environ,
     terminal: Terminal | None = None,
+    history: Path | None = None,
+    steps_from: Path | None = None,
+    receipt: Path | None = None,
+    pin_pending: bool = False,
 ) -> int:
     """Train as the pipeline's train job does (see the module docstring); the exit status."""
     # preflight registers every --policy.type and --env.type before parsing
+    from lerobot_pipe.training.loop import last_step_of_launch
     from lerobot_pipe.training.preflight import parse_train_config
 
     terminal = terminal or Terminal(sys.stderr)
+    if steps_from is not None:
+        # The run's total from validate's resolved config: not among the segment's own flags.
+        steps = json.loads(Path(steps_from).read_text())["steps"]
+        train_args = [*train_args, f"--steps={steps}"]
     cfg, _ = parse_train_config(train_args)
     if not cfg.output_dir:
         raise ConfigError("launch-train needs --output_dir")
     output_dir = Path(cfg.output_dir)
-    link_to_history(log_path)
+    end = last_step_of_launch(cfg)
+    until = f"--steps={end} (train.steps)" if end == cfg.steps else f"--stop_after_step={end}"
+    link_to_history(log_path, history)
+    if history is not None:
+        # The run's log under its usual name too (the train job's own log, once it runs).
+        link_to_history(history.with_name(history.name.replace("-history", "")), history)
     _check_unlocked(output_dir, log_path)
     point = resume.locate(output_dir)
     # Appended: a resumed run's log follows the earlier attempts' (each starts with a header).
@@ -421,10 +470,21 @@ def launch_train(
         attempt_start = log_file.tell()
         supervisor = Supervisor(log_file, EventFollower(events_path(output_dir)), terminal)
         try:
-            if _nothing_to_train(supervisor, point, cfg.steps, output_dir):
+            if _nothing_to_train(supervisor, point, end, until, output_dir):
                 if final_checkpoint is not None:
                     write_final_checkpoint(point.step_dir, final_checkpoint)
+                if receipt is not None:
+                    write_receipt(output_dir, end, cfg.steps, receipt)
                 return 0
+            if pin_pending and cfg.save_checkpoint:
+                start = point.step if point is not None else 0
+                pending = save_steps(start, end, cfg.save_freq)
+                for step in pending:
+                    pin(output_dir, step_folder_name(step, cfg.steps), "pending")
+                supervisor.say(
+                    f"steps {start + 1}-{end}; checkpoints {', '.join(map(str, pending))} pinned "
+                    "until evaluated (retention keeps them meanwhile)"
+                )
             resume_flag = ["--resume=true"] if point is not None else []
             command, how = launch_command(
                 [*resume_flag, *train_args],
@@ -446,6 +506,8 @@ def launch_train(
             latest = _newest_checkpoint(output_dir)
             if final_checkpoint is not None:
                 write_final_checkpoint(latest, final_checkpoint)
+            if receipt is not None:
+                write_receipt(output_dir, end, cfg.steps, receipt)
             supervisor.say(f"finished; the newest checkpoint is {latest}")
             return 0
         finally:

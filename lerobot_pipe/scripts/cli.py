@@ -175,6 +175,10 @@ class LaunchTrainOptions:
     cpus_per_task: int = 1  # CPUs per process (OMP_NUM_THREADS of each)
     log: str = required()  # the job's log: the trainer's whole output
     final_checkpoint: str | None = None  # copy the final checkpoint's training_step.json here
+    history: str | None = None  # the run's whole log (default: <log>-history), --log links to it
+    steps_from: str | None = None  # read --steps from this resolved config (validate's JSON)
+    receipt: str | None = None  # a training segment's receipt (JSON) to write at its end
+    pin_pending: bool = False  # pin the checkpoints it will save (reason pending)
 
 
 def cmd_launch_train(options: LaunchTrainOptions, train_args: list[str]) -> int:
@@ -189,7 +193,39 @@ def cmd_launch_train(options: LaunchTrainOptions, train_args: list[str]) -> int:
         nnodes=options.nnodes,
         rdzv_port=options.rdzv_port,
         cpus_per_task=options.cpus_per_task,
+        history=Path(options.history) if options.history else None,
+        steps_from=Path(options.steps_from) if options.steps_from else None,
+        receipt=Path(options.receipt) if options.receipt else None,
+        pin_pending=options.pin_pending,
     )
+
+
+@dataclass
+class FinalCheckpointOptions:
+    """The pipeline's train job after its training segments: the last segment's checkpoint
+    record (its training_step.json) written to --output, and --log linked to the run's log."""
+
+    receipt: str = required()  # the last training segment's receipt (segments/<step>.json)
+    output: str = required()  # final_checkpoint.json to write
+    log: str = required()  # the job's log, made a link to --history
+    history: str = required()  # the run's whole training log
+
+
+def cmd_final_checkpoint(options: FinalCheckpointOptions, _: list[str]) -> int:
+    import json
+
+    from lerobot_pipe.fsutil import write_json_atomic
+    from lerobot_pipe.pipeline.train_job import link_to_history
+
+    link_to_history(Path(options.log), Path(options.history))
+    receipt = json.loads(Path(options.receipt).read_text())
+    if receipt["training_step"] is None:
+        raise FileNotFoundError(
+            f"{options.receipt}: its checkpoint {receipt['checkpoint']} is gone"
+        )
+    write_json_atomic(Path(options.output), receipt["training_step"])
+    log.info("final checkpoint: %s", receipt["checkpoint"])
+    return 0
 
 
 @dataclass
@@ -245,19 +281,24 @@ class EvaluateOptions:
 
     checkpoint_dir: str = required()  # the step folder (<output_dir>/checkpoints/<step>) to pin
     output_dir: str = required()  # lerobot-eval's --output_dir: eval_info.json and videos/
+    # then update this best.json from every evaluation beside this one, and unpin `pending`
+    update_best: str | None = None
+    unpin_pending: bool = False  # then remove the checkpoint's pending pin
 
 
 def cmd_evaluate(options: EvaluateOptions, eval_args: list[str]) -> int:
     from lerobot_pipe.configs.parser import ConfigError
     from lerobot_pipe.evaluation.eval_policy import BadInput
     from lerobot_pipe.pipeline.config import with_eval_config_keys
-    from lerobot_pipe.pipeline.evaluate_job import evaluate_checkpoint
+    from lerobot_pipe.pipeline.evaluate_job import evaluate_checkpoint, evaluated
 
     try:
         evaluate_checkpoint(options.checkpoint_dir, options.output_dir, eval_args)
     except (BadInput, ConfigError) as e:
         report_error(f"{PROG} eval-checkpoint", with_eval_config_keys(str(e)))
         return 2
+    if options.update_best or options.unpin_pending:
+        evaluated(options.checkpoint_dir, options.update_best, options.unpin_pending)
     return 0
 
 
@@ -292,12 +333,12 @@ def cmd_choose_best(options: ChooseBestOptions, _: list[str]) -> int:
 
 @dataclass
 class PinOptions:
-    """Pin a checkpoint against retention (--checkpoint_keep_last) for a reason: best, evaluate
-    or publish."""
+    """Pin a checkpoint against retention (--checkpoint_keep_last) for a reason: best, evaluate,
+    publish or pending."""
 
     output_dir: str = required()  # lerobot-train's --output_dir
     step: str = required()  # the checkpoint's step folder name, e.g. 000020
-    reason: str = required()  # best, evaluate or publish
+    reason: str = required()  # best, evaluate, publish or pending
 
 
 def cmd_pin(options: PinOptions, _: list[str]) -> int:
@@ -346,6 +387,7 @@ COMMANDS: dict[str, Command] = {
     "plan-memory": Command(PlanMemoryOptions, cmd_plan_memory, passes_on=True),
     "resume-args": Command(ResumeArgsOptions, cmd_resume_args),
     "launch-train": Command(LaunchTrainOptions, cmd_launch_train, passes_on=True),
+    "finish-train": Command(FinalCheckpointOptions, cmd_final_checkpoint),
     "check-run-lock": Command(CheckRunLockOptions, cmd_check_run_lock),
     "publish": Command(PublishOptions, cmd_publish),
     "eval-checkpoint": Command(EvaluateOptions, cmd_evaluate, passes_to_eval=True),

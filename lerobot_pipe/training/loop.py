@@ -121,8 +121,9 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
     nothing was left to train, the one it resumed from). Progress events go to ``channel``."""
     plan, state, checkpoints = session.plan, session.state, session.checkpoints
     cfg, dims, start_step = plan.cfg, plan.dims, state.progress.step
-    if start_step >= cfg.steps:
-        return _nothing_to_train(session, env)
+    end = last_step_of_launch(cfg)
+    if start_step >= end:
+        return _nothing_to_train(session, env, end)
     parts = StepParts.of(session, env)
     sampler = make_sampler(
         plan, cfg.batch_size, env.rank, dims.dp_world_size, state.progress.samples_consumed
@@ -138,9 +139,9 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
     metrics = rollouts = None
     try:
         metrics, rollouts = open_metrics(plan, env), open_rollouts(plan, env)
-        for step in range(start_step + 1, cfg.steps + 1):
+        for step in range(start_step + 1, end + 1):
             faults.set_step(step)
-            log_step = step % cfg.log_freq == 0 or step == cfg.steps
+            log_step = step % cfg.log_freq == 0 or step == end
             timer.start()
             if not window:
                 window = [prefetcher.next() for _ in range(parts.accumulation)]
@@ -163,7 +164,7 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
                 _evaluate_heldout(step, session, parts, env, metrics, progress)
             state.progress.step = step
             state.progress.samples_consumed = sampler.samples_consumed
-            saved = _save(step, session, metrics)
+            saved = _save(step, session, metrics, last_step=step == end)
             if rollouts is not None and step % cfg.env_eval_freq == 0:  # LeRobot's rule
                 _roll_out(step, session, parts, rollouts, metrics)
             progress.update(step, running, saved)
@@ -177,18 +178,28 @@ def run_loop(env: DistEnv, session: Session, channel: EventChannel | None = None
         progress.close()
         if metrics is not None:
             metrics.close()
-    if last_saved is not None and cfg.policy.push_to_hub:
+    if last_saved is not None and cfg.policy.push_to_hub and end == cfg.steps:
         _push_final(plan, last_saved)
     return last_saved
 
 
-def _nothing_to_train(session: Session, env: DistEnv) -> Path | None:
+def last_step_of_launch(cfg) -> int:
+    """The loop step this launch ends at (with a checkpoint): --stop_after_step when set and
+    below --steps, else --steps. The schedule follows --steps either way."""
+    if 0 < cfg.stop_after_step < cfg.steps:
+        return cfg.stop_after_step
+    return cfg.steps
+
+
+def _nothing_to_train(session: Session, env: DistEnv, end: int) -> Path | None:
     session.checkpoints.shutdown()
     if env.is_main:
+        flag = "--steps" if end == session.plan.cfg.steps else "--stop_after_step"
         log.info(
-            "Checkpoint step %d already reaches --steps=%d: nothing to train",
+            "Checkpoint step %d already reaches %s=%d: nothing to train",
             session.state.progress.step,
-            session.plan.cfg.steps,
+            flag,
+            end,
         )
     return session.plan.resume_from
 
@@ -305,11 +316,12 @@ def _evaluate_heldout(
         log.info("step %d: eval_loss=%.5f", step, eval_loss)
 
 
-def _save(step: int, session: Session, metrics: MetricsLog) -> Path | None:
-    """The checkpoint of ``step`` when one is due; the newest durable one then (this one when
-    saved synchronously, the one before when asynchronously)."""
+def _save(step: int, session: Session, metrics: MetricsLog, *, last_step: bool) -> Path | None:
+    """The checkpoint of ``step`` when one is due (the interval; always at the launch's last
+    step); the newest durable one then (this one when saved synchronously, the one before when
+    asynchronously)."""
     checkpoints = session.checkpoints
-    if not checkpoints.save(step, last_step=step == session.plan.cfg.steps):
+    if not checkpoints.save(step, last_step=last_step):
         return None
     saved = checkpoints.last_saved
     metrics.checkpoint(saved)

@@ -60,7 +60,8 @@ def test_sigkilled_snakemake_takes_its_trainers_along_and_the_rerun_finishes(tmp
     snakemake = workspace.start(*command)
     step_40 = workspace.path(f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/000040/training_state")
     _wait_for(lambda: step_40.joinpath("training_step.json").exists(), 300, "step 40")
-    assert workspace.trainers(), "training should be running"
+    # Training in segments: the one after step 40 may still be starting.
+    _wait_for(lambda: workspace.trainers(), 60, "training to run")
     snakemake.send_signal(signal.SIGKILL)  # snakemake alone: its jobs are not signalled
     seconds = _wait_for(lambda: not workspace.trainers(), 30, "the trainers to stop")
     snakemake.wait()
@@ -163,9 +164,17 @@ def test_training_progress_and_the_results_reach_the_terminal(default_run):
 def test_nothing_left_to_train_launches_nothing(default_run, tmp_path):
     run = default_run.clone(tmp_path / "repo")
     training_before = run.training_files_mtimes()
-    # A change that reruns train (its flags change) but leaves `steps` where the run is.
+    # A change that reruns train (its flags change) but leaves `steps` where the run is. In
+    # segments: the train job records the final checkpoint again; no segment runs.
     other = run.write_config("other.yaml", {"train": {"log_freq": 10}})
     result = run.run_ok("--cores", "2", FINAL, "--configfile", "config/config.yaml", other)
+    assert result.jobs()["train"] == 1 and "train_segment" not in result.jobs()
+    assert run.training_files_mtimes() == training_before
+    # As one unbroken train job (launch.segment_steps: 0): it starts, and launches nothing.
+    unbroken = run.write_config(
+        "unbroken.yaml", {"train": {"log_freq": 10}, "launch": {"segment_steps": 0}}
+    )
+    result = run.run_ok("--cores", "2", FINAL, "--configfile", "config/config.yaml", unbroken)
     assert result.jobs()["train"] == 1
     assert "nothing to train, torchrun not started" in result.output
     # This attempt's part of the run's log (the first attempt's, above it, launched torchrun).

@@ -26,7 +26,10 @@ def workspace(tmp_path) -> Workspace:
 @pytest.fixture
 def trained(workspace) -> Workspace:
     """A run as training leaves it, without training: steps 20 and 40 complete, 60 without its
-    training_step.json (killed while saving), 80 still in its temporary folder."""
+    training_step.json (killed while saving), 80 still in its temporary folder. Trained as one
+    unbroken job (launch.segment_steps: 0): the checkpoints are discovered after it."""
+    config = workspace.path("config/config.yaml")
+    config.write_text(config.read_text().replace("segment_steps: null", "segment_steps: 0"))
     checkpoints = workspace.path(f"{TRAIN_DIR}/{CHECKPOINTS_DIR}")
     for name, complete in [
         ("000020", True),
@@ -96,8 +99,20 @@ PLANNED = ("input", "output", "log", "wildcards")
 
 
 def test_dry_run_plans_the_stages_before_the_checkpoint(workspace):
-    result = workspace.run_ok("-n")
-    assert result.jobs() == dict.fromkeys(DRY_RUN_JOBS, 1)
+    """Training in segments (one per checkpoint, by default): the conversion and evaluation of
+    every segment's checkpoint are planned from the start, each after its own segment."""
+    result = workspace.run_ok("-n", "-p")
+    segments = {"train_segment": 3, "convert": 3, "evaluate": 3}
+    assert result.jobs() == {**dict.fromkeys(DRY_RUN_JOBS, 1), **segments}
+    for job in result.planned_jobs():
+        if job.rule == "train_segment":
+            step = int(job.fields["wildcards"].removeprefix("step="))
+            # Each stops at its end; its flags are those validate checked, the total steps its
+            # resolved config's.
+            assert f"--stop_after_step={step}" in job.shell and "--steps=" not in job.shell
+            assert "train_flags" in job.shell and "--policy.type" not in job.shell
+        if job.rule == "convert":
+            assert job.fields["input"] == f"{RUN}/segments/{job.fields['wildcards'][5:]}.json"
     assert "Publishing is off" in result.output
     assert not workspace.path("results").exists()
 

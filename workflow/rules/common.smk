@@ -8,7 +8,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
-from lerobot_pipe.checkpoint.layout import list_complete_checkpoints
+from lerobot_pipe.checkpoint.layout import list_complete_checkpoints, step_folder_name
 from lerobot_pipe.constants import (
     CHECKPOINTS_DIR,
     LAST_CHECKPOINT_LINK,
@@ -43,6 +43,40 @@ if config["publish"]["steps"] == "best" and not EVALUATING:
         "(e.g. eval: {env: {type: synthetic}}; config/README.md)"
     )
 WORLD_SIZE = config["launch"]["nnodes"] * config["launch"]["nproc_per_node"]
+TOTAL_STEPS = config["train"]["steps"]
+
+
+def segment_size():
+    """Steps per training segment (launch.segment_steps; null: train.save_freq); 0: one
+    unbroken train job."""
+    size = config["launch"]["segment_steps"]
+    if size is None:
+        saving = config["train"].get("save_checkpoint", True)
+        size = config["train"].get("save_freq", 0) if saving else 0
+    return size if size < TOTAL_STEPS else 0
+
+
+# Training split at checkpoint boundaries into jobs that resume exactly (train_segment): the
+# checkpoint each one ends with is converted, evaluated and published while the next trains.
+SEGMENTED = segment_size() > 0
+# A segment's receipt: results/<run>/segments/<step folder>.json, written when it ends.
+SEGMENT = f"{RESULTS}/segments/{{step}}.json"
+# The whole training log of the run; each segment's log and train.log link to it.
+TRAIN_HISTORY = f"{RESULTS}/logs/train-history.log"
+
+
+def segment_ends():
+    """The steps the segments end at, ascending, train.steps last: the same for a segment
+    when train.steps grows (a longer run adds segments)."""
+    size = segment_size()
+    return [*range(size, TOTAL_STEPS, size), TOTAL_STEPS] if size else [TOTAL_STEPS]
+
+
+def step_name(step):
+    return step_folder_name(step, TOTAL_STEPS)
+
+
+FLOW_STEPS = [step_name(end) for end in segment_ends()] if SEGMENTED else []
 
 # A safe --unlock: lerobot-pipe check-run-lock fails while a trainer still holds the run.
 UNLOCK_COMMAND = (
@@ -160,7 +194,41 @@ def complete_steps():
 
 
 def is_final_step(step):
+    if (
+        SEGMENTED
+    ):  # known before training ends (the publish jobs of segments run meanwhile)
+        return int(step) == TOTAL_STEPS
     return step == complete_steps()[-1]
+
+
+def segment_of(step):
+    """The receipt of the segment that saved checkpoint ``step`` (a step folder name): its own,
+    when a segment ended there (also one of an earlier run with other steps, so that its
+    conversion stays done), else the first segment that ends after it."""
+    own = SEGMENT.format(step=step)
+    if Path(own).is_file():
+        return own
+    ends = [end for end in segment_ends() if end >= int(step)]
+    return SEGMENT.format(step=step_name(ends[0] if ends else TOTAL_STEPS))
+
+
+def flow_converted(wildcards):
+    """The conversions of the segments' checkpoints, known before training: each runs as soon
+    as its segment ends."""
+    return expand(rules.convert.output[0], step=FLOW_STEPS)
+
+
+def flow_evaluated(wildcards):
+    return expand(rules.evaluate.output[0], step=FLOW_STEPS)
+
+
+def flow_published(wildcards):
+    """publish.steps: all, every segment's checkpoint; final, the last one; best: none before
+    training ends (the best is known only then)."""
+    steps = {"all": FLOW_STEPS, "final": FLOW_STEPS[-1:]}.get(
+        config["publish"]["steps"], []
+    )
+    return expand(rules.publish.output[0], step=steps)
 
 
 def converted_steps(wildcards):
@@ -323,3 +391,50 @@ def report_command():
             *args,
         ]
     )
+
+
+def previous_segment(wildcards):
+    """The receipt of the segment before (resume from its checkpoint); none for the first."""
+    ends = [step_name(end) for end in segment_ends()]
+    at = ends.index(wildcards.step)
+    return SEGMENT.format(step=ends[at - 1]) if at else []
+
+
+def convert_input(wildcards):
+    return segment_of(wildcards.step) if SEGMENTED else STEP_FILE.format(**wildcards)
+
+
+def unpin_pending(wildcards):
+    """The command that removes the step's pending pin, where conversion is its last use."""
+    if not SEGMENTED or EVALUATING:
+        return "true"
+    return (
+        f"lerobot-pipe unpin --output_dir={TRAIN_DIR} --step={wildcards.step} "
+        "--reason=pending"
+    )
+
+
+def train_resources():
+    """sbatch resources of the train job; local runs use only threads."""
+    slurm = config["slurm"]
+    resources = {
+        "nodes": config["launch"]["nnodes"],
+        "tasks": WORLD_SIZE,
+        # One task per training process, spread evenly over the nodes.
+        "slurm_extra": f"--ntasks-per-node={config['launch']['nproc_per_node']}",
+        "cpus_per_task": slurm["cpus_per_task"],
+        "mem_mb": slurm["mem_mb"],
+        "runtime": slurm["runtime"],
+    }
+    if WORLD_SIZE > 1:
+        # The shell then runs in the batch step and starts one torchrun per node itself.
+        resources["mpi"] = "srun"
+    if slurm["gpus_per_node"]:
+        resources["gres"] = f"gpu:{slurm['gpus_per_node']}"
+        # Else the plugin passes --ntasks-per-gpu=<tasks>; no per-GPU task binding is
+        # wanted: each node's torchrun gives its ranks the node's GPUs itself.
+        resources["tasks_per_gpu"] = 0
+    for key in ("partition", "account"):
+        if slurm[key]:
+            resources[f"slurm_{key}"] = slurm[key]
+    return resources

@@ -1,11 +1,13 @@
 # One job per complete checkpoint step: a loadable pretrained_model/ in its own tree
 # (DCP shards merged into model.safetensors; steps without DCP weights are copied), and beside
-# it the EMA policy pretrained_model_ema/ when the run kept one (train.ema.enable).
+# it the EMA policy pretrained_model_ema/ when the run kept one (train.ema.enable). With
+# training segments it waits for the receipt of the segment that saves the step (so it runs while
+# the next segment trains); without evaluation it then removes the step's `pending` pin.
 
 
 rule convert:
     input:
-        STEP_FILE,
+        convert_input,
     output:
         directory(f"{RESULTS}/converted/{{step}}/{PRETRAINED_MODEL_DIR}"),
     log:
@@ -17,6 +19,7 @@ rule convert:
         ema_dir=lambda wildcards: (
             f"{RESULTS}/converted/{wildcards.step}/{PRETRAINED_MODEL_EMA_DIR}"
         ),
+        unpin=unpin_pending,
     shell:
         # Written beside the output and renamed: an interrupted job leaves no output.
         # A failure's cause goes to the terminal too (its error lines, else the end of the log).
@@ -33,4 +36,5 @@ rule convert:
             mv {params.ema_dir}.tmp {params.ema_dir}
         fi
         mv {output}.tmp {output}
+        {params.unpin}
         """

@@ -1,7 +1,9 @@
 # With eval.env set: one lerobot-eval job per complete checkpoint, from its converted
 # pretrained_model/ (a DCP-only checkpoint is converted first), the same seeds for every step;
 # then the best checkpoint (a Snakemake checkpoint: publish.steps: best reads it), pinned in the
-# training folder so that retention (train.checkpoint_keep_last) never deletes it.
+# training folder so that retention (train.checkpoint_keep_last) never deletes it. With training
+# segments each evaluation also updates best.json (and the pin) from the evaluations so far and
+# removes the step's `pending` pin; the best job then writes it once more from all of them.
 
 
 rule evaluate:
@@ -22,6 +24,7 @@ rule evaluate:
         output_dir=lambda wildcards: shlex.quote(
             f"--output_dir={EVAL_DIR}/{wildcards.step}"
         ),
+        flow=f"--update_best={BEST} --unpin_pending=true" if SEGMENTED else "",
     shell:
         # lerobot-pipe eval-checkpoint (lerobot_pipe/pipeline/evaluate_job.py) pins the checkpoint
         # while it runs and writes eval_info.json last. A failure's cause goes to the terminal

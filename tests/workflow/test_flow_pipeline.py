@@ -1,0 +1,172 @@
+"""Checkpoints that flow (launch.segment_steps): training runs as segment jobs, and each
+segment's checkpoint is converted and evaluated while the next segment trains; best.json follows
+the evaluations; a kill inside a downstream job or inside training, then the same command
+(after `snakemake --unlock` where a hard kill left Snakemake's lock), finishes what is missing
+and redoes nothing that finished.
+
+The embedded default on 1 training process, 90 steps, a checkpoint (and a segment) every 30,
+`snakemake --cores 2`: training takes one core, the downstream jobs the other."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from snakemake_runs import RUN, TRAIN_DIR, Workspace
+
+from lerobot_pipe.constants import CHECKPOINTS_DIR, ENV_FAULT_POINT, PINS_DIR
+
+pytestmark = pytest.mark.slow
+
+STEPS = ["000030", "000060", "000090"]
+FLOW = {"launch": {"nproc_per_node": 1}, "train": {"steps": 90, "save_freq": 30}}
+
+
+def _command(workspace: Workspace) -> tuple[str, ...]:
+    flow = workspace.write_config("flow.yaml", FLOW)
+    return ("--cores", "2", "--configfile", "config/config.yaml", flow)
+
+
+def _step_file(step: str) -> str:
+    return f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/{step}/training_state/training_step.json"
+
+
+def _eval_info(step: str) -> str:
+    return f"{RUN}/eval/{step}/eval_info.json"
+
+
+def _pins(workspace: Workspace) -> list[str]:
+    folder = workspace.path(f"{TRAIN_DIR}/{PINS_DIR}")
+    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".tmp"))
+
+
+def _checkpoint_files(workspace: Workspace, steps: list[str]) -> dict[str, int]:
+    """The mtimes of every file of these checkpoints."""
+    return {
+        path: mtime
+        for step in steps
+        for path, mtime in workspace.mtimes(f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/{step}/**/*").items()
+    }
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def flow_run(tmp_path_factory) -> Workspace:
+    workspace = Workspace.fresh(tmp_path_factory.mktemp("flow") / "repo")
+    workspace.first_result = workspace.run_ok(*_command(workspace))
+    return workspace
+
+
+def test_each_checkpoint_is_evaluated_while_training_goes_on(flow_run):
+    jobs = flow_run.first_result.jobs()
+    assert (jobs["train_segment"], jobs["train"]) == (3, 1)
+    assert (jobs["convert"], jobs["evaluate"], jobs["best"]) == (3, 3, 1)
+    assert flow_run.complete_checkpoints() == STEPS
+    # The first evaluation ends before training has written its last checkpoint.
+    first_eval = flow_run.path(_eval_info("000030")).stat().st_mtime
+    last_checkpoint = flow_run.path(_step_file("000090")).stat().st_mtime
+    assert first_eval < last_checkpoint
+    receipt = json.loads(flow_run.path(f"{RUN}/segments/000030.json").read_text())
+    assert receipt["segment_end"] == 30 and receipt["training_step"]["step"] == 30
+    assert flow_run.final_checkpoint()["step"] == 90
+    # One schedule over the 90 steps: each segment resumed from the one before.
+    history = flow_run.path(f"{RUN}/logs/train.log").read_text()
+    assert "checkpoints/000030 (step 30)" in history and "checkpoints/000060 (step 60)" in history
+
+
+def test_best_names_an_evaluated_step_and_no_pending_pin_stays(flow_run):
+    best = json.loads(flow_run.path(f"{RUN}/eval/best.json").read_text())
+    assert best["step"] in STEPS and flow_run.path(_eval_info(best["step"])).is_file()
+    assert sorted(best["candidates"]) == STEPS
+    # Evaluated: the pending pins are gone; the best one is pinned (the evaluate jobs moved the
+    # pin as results landed, the best job once more).
+    assert _pins(flow_run) == [f"{best['step']}.best"]
+
+
+def test_the_rerun_has_nothing_to_do(flow_run):
+    result = flow_run.run_ok(*_command(flow_run))
+    assert "Nothing to be done" in result.output and result.jobs() == {}
+
+
+def test_more_steps_add_a_segment_and_rerun_none(flow_run, tmp_path):
+    """train.steps 90 -> 120, on 2 processes: one segment more; the finished segments' params
+    hold only their end (their flags come from validate's output, an ancient input), so neither
+    they nor their checkpoints' jobs run again, also once the train checkpoint has re-evaluated
+    the DAG."""
+    run = flow_run.clone(tmp_path / "repo")
+    done = run.mtimes(f"{RUN}/segments/*.json") | run.mtimes(f"{RUN}/eval/0*/eval_info.json")
+    longer = run.write_config(
+        "longer.yaml", {"train": {"steps": 120}, "launch": {"nproc_per_node": 2}}
+    )
+    command = ("--cores", "2", "--configfile", "config/config.yaml", "flow.yaml", longer)
+    planned = run.run_ok("-n", *command).jobs()
+    assert (planned["train_segment"], planned["convert"], planned["evaluate"]) == (1, 1, 1)
+    jobs = run.run_ok(*command).jobs()
+    assert (jobs["train_segment"], jobs["convert"], jobs["evaluate"]) == (1, 1, 1)
+    after = run.mtimes(f"{RUN}/segments/*.json") | run.mtimes(f"{RUN}/eval/0*/eval_info.json")
+    assert {path: after[path] for path in done} == done
+    assert run.final_checkpoint()["step"] == 120 and run.final_checkpoint()["world_size"] == 2
+    assert "resharded" in run.path(f"{RUN}/logs/train.log").read_text()
+
+
+def test_a_killed_conversion_is_redone_and_nothing_else(tmp_path):
+    workspace = Workspace.fresh(tmp_path / "repo")
+    command = _command(workspace)
+    # SIGKILL the first conversion (step 30) inside its job; training goes on meanwhile.
+    killed = workspace.snakemake(*command, env={ENV_FAULT_POINT: "convert:before_replace"})
+    assert killed.returncode != 0
+    assert not workspace.path(f"{RUN}/converted/000030/pretrained_model").exists()
+    trained = workspace.complete_checkpoints()
+    assert trained[:2] == STEPS[:2]  # snakemake let the running segment finish
+    checkpoints_before = _checkpoint_files(workspace, trained)
+
+    rerun = workspace.run_ok(*command)
+    jobs = rerun.jobs()
+    assert jobs.get("train_segment", 0) == 3 - len(trained)  # finished segments not redone
+    assert (jobs["convert"], jobs["evaluate"]) == (3, 3)
+    assert workspace.complete_checkpoints() == STEPS
+    assert _checkpoint_files(workspace, trained) == checkpoints_before
+    assert workspace.converted_steps() == STEPS
+
+
+def test_a_hard_kill_during_training_and_evaluation_recovers_with_unlock(tmp_path):
+    workspace = Workspace.fresh(tmp_path / "repo")
+    command = _command(workspace)
+    snakemake = workspace.start(*command)
+    # Kill everything (snakemake, segment 60's trainer, evaluate 30) once both run.
+    evaluating = workspace.path(f"{RUN}/logs/evaluate/000030.log")
+    _wait_for(lambda: evaluating.exists() and workspace.trainers(), 300, "evaluate 30 + training")
+    assert not workspace.path(_step_file("000060")).exists(), "segment 60 should be training"
+    os.killpg(snakemake.pid, signal.SIGKILL)
+    snakemake.wait()
+    _wait_for(lambda: not workspace.trainers(), 30, "the trainers to stop")
+    assert not workspace.path(_eval_info("000030")).exists()
+    converted_30 = workspace.mtimes(f"{RUN}/converted/000030/pretrained_model/*")
+    receipt_30 = workspace.mtimes(f"{RUN}/segments/000030.json")
+    assert converted_30 and receipt_30
+
+    # The documented recovery: Snakemake's lock stayed; `make unlock` (no trainer holds the
+    # run), then the same command.
+    locked = workspace.snakemake(*command)
+    assert locked.returncode != 0 and "cannot be locked" in locked.output
+    workspace.run_ok("--unlock")
+    rerun = workspace.run_ok(*command)
+    jobs = rerun.jobs()
+    assert (jobs["train_segment"], jobs["convert"], jobs["evaluate"]) == (2, 2, 3)
+    assert workspace.mtimes(f"{RUN}/converted/000030/pretrained_model/*") == converted_30
+    assert workspace.mtimes(f"{RUN}/segments/000030.json") == receipt_30
+    assert workspace.complete_checkpoints() == STEPS
+    assert all(workspace.path(_eval_info(step)).is_file() for step in STEPS)
+    best = json.loads(workspace.path(f"{RUN}/eval/best.json").read_text())
+    # The killed evaluation's pin is gone with its rerun; only the best stays pinned.
+    assert _pins(workspace) == [f"{best['step']}.best"]
+    assert workspace.run_ok(*command).jobs() == {}
