@@ -17,6 +17,13 @@ per-sample part of each (bytes = fixed + per_sample x batch): the policy's token
 language, action chunk) are in the shapes, so scaling by batch is all that is left. Under mixed
 precision the probe runs on a copy of the model in the compute dtype, as FSDP2's policy computes.
 
+On the meta device ``F.scaled_dot_product_attention`` has no fused kernel to choose: it runs the
+math path, which saves each head's attention weights (batch x heads x queries x keys). A real
+run uses a fused kernel where one applies (flash or memory-efficient on a GPU, flash on a CPU),
+which saves the output and one log-sum-exp per query instead. The probe therefore runs it as the
+fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``, which has a meta kernel) when
+no dropout is asked for; otherwise as called.
+
 The same forward tells which trainable parameters the loss reaches (a backward on the meta
 device): the others get no gradient and no optimizer state (pi0's lm_heads).
 """
@@ -32,6 +39,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.nn import functional as F  # noqa: N812
+from torch.overrides import TorchFunctionMode
 
 from lerobot_pipe.datasets import BatchPrefetcher
 from lerobot_pipe.distributed.unit_probe import (
@@ -92,6 +101,31 @@ class ActivationProfile:
             else:
                 kept += linear.at(batch)
         return kept, recompute
+
+
+class _FusedAttention(TorchFunctionMode):
+    """``F.scaled_dot_product_attention`` on meta tensors as a fused kernel (module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            out = _fused_attention(*args, **kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
+
+
+def _fused_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """The fused kernel's output, or None where it does not apply (then the call runs as is)."""
+    if not query.is_meta or dropout_p or any(t.dim() != 4 for t in (query, key, value)):
+        return None
+    if key.shape[1] != query.shape[1]:  # grouped heads (enable_gqa): left to the math path
+        return None
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
+    )[0]
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -160,6 +194,7 @@ def _measure(
         with (
             _track_forwards(trainee, active),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            _FusedAttention(),
         ):
             out = trainee(batch)
     finally:
