@@ -4,7 +4,8 @@
 policy built on the meta device, on one real batch of the run's dataset moved there, twice: at
 one sample and at two. Every tensor autograd saves for the backward passes through a
 ``torch.autograd.graph.saved_tensors_hooks`` pack hook, where its storage is counted once (views
-of one storage are one allocation), without the parameters', buffers' and the batch's own
+of one storage are one allocation) if it is still alive when the forward returns (a branch of
+the graph that does not reach the output is freed with what it saved), without the parameters', buffers' and the batch's own
 storages (they exist before the forward and are counted elsewhere). Meta tensors carry shapes and
 dtypes but no values, so this costs no memory and no arithmetic, even for a 4 B-parameter model,
 and the bytes are those of the real forward for this batch's shapes (values the forward reads,
@@ -147,7 +148,9 @@ def _measure(
     existing = {_storage_key(t) for t in [*trainee.parameters(), *trainee.buffers()]}
     existing |= {_storage_key(v) for v in batch.values() if isinstance(v, torch.Tensor)}
     active: Counter = Counter()
-    seen: dict[int, tuple[torch.UntypedStorage, str, float]] = {}
+    # Weak references: a storage saved by a graph branch that does not reach the output is freed
+    # with that branch when the forward drops it, as in a real run; it is not counted.
+    seen: dict[int, tuple[int, int, str, float]] = {}  # weak reference, bytes, unit, scale
     inputs: Counter = Counter()
     order: list[str] = []
 
@@ -163,7 +166,8 @@ def _measure(
             scale = 1.0
             if as_itemsize and t.is_floating_point() and t.element_size() > as_itemsize:
                 scale = as_itemsize / t.element_size()
-            seen[key] = (t.untyped_storage(), innermost(), scale)
+            storage = t.untyped_storage()
+            seen[key] = (storage._weak_ref(), storage.nbytes(), innermost(), scale)
         return t
 
     def unit_input(module, args, kwargs):
@@ -204,8 +208,10 @@ def _measure(
             m.__dict__[UNIT_ENTRY] = entry
     loss = out[0] if isinstance(out, tuple) else out
     saved: Counter = Counter()
-    for storage, unit, scale in seen.values():
-        saved[unit] += int(storage.nbytes() * scale)
+    for weak, nbytes, unit, scale in seen.values():
+        if not torch.UntypedStorage._expired(weak):  # still held when the forward returns
+            saved[unit] += int(nbytes * scale)
+        torch.UntypedStorage._free_weak_ref(weak)
     names = {id(p): n for n, p in trainee.named_parameters()}
     trainable = [p for p in trainee.parameters() if p.requires_grad]
     reached = set()
