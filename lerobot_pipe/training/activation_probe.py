@@ -4,7 +4,8 @@
 policy built on the meta device, on one real batch of the run's dataset moved there, twice: at
 one sample and at two. Every tensor autograd saves for the backward passes through a
 ``torch.autograd.graph.saved_tensors_hooks`` pack hook, where its storage is counted once (views
-of one storage are one allocation), without the parameters', buffers' and the batch's own
+of one storage are one allocation) if it is still alive when the forward returns (a branch of
+the graph that does not reach the output is freed with what it saved), without the parameters', buffers' and the batch's own
 storages (they exist before the forward and are counted elsewhere). Meta tensors carry shapes and
 dtypes but no values, so this costs no memory and no arithmetic, even for a 4 B-parameter model,
 and the bytes are those of the real forward for this batch's shapes (values the forward reads,
@@ -16,6 +17,13 @@ recorded too (what a checkpointed unit keeps). The two batch sizes give a fixed 
 per-sample part of each (bytes = fixed + per_sample x batch): the policy's token counts (images,
 language, action chunk) are in the shapes, so scaling by batch is all that is left. Under mixed
 precision the probe runs on a copy of the model in the compute dtype, as FSDP2's policy computes.
+
+On the meta device ``F.scaled_dot_product_attention`` has no fused kernel to choose: it runs the
+math path, which saves each head's attention weights (batch x heads x queries x keys). A real
+run uses a fused kernel where one applies (flash or memory-efficient on a GPU, flash on a CPU),
+which saves the output and one log-sum-exp per query instead. The probe therefore runs it as the
+fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``, which has a meta kernel) when
+no dropout is asked for; otherwise as called.
 
 The same forward tells which trainable parameters the loss reaches (a backward on the meta
 device): the others get no gradient and no optimizer state (pi0's lm_heads).
@@ -32,6 +40,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.nn import functional as F  # noqa: N812
+from torch.overrides import TorchFunctionMode
 
 from lerobot_pipe.datasets import BatchPrefetcher
 from lerobot_pipe.distributed.unit_probe import (
@@ -94,6 +104,31 @@ class ActivationProfile:
         return kept, recompute
 
 
+class _FusedAttention(TorchFunctionMode):
+    """``F.scaled_dot_product_attention`` on meta tensors as a fused kernel (module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            out = _fused_attention(*args, **kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
+
+
+def _fused_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """The fused kernel's output, or None where it does not apply (then the call runs as is)."""
+    if not query.is_meta or dropout_p or any(t.dim() != 4 for t in (query, key, value)):
+        return None
+    if key.shape[1] != query.shape[1]:  # grouped heads (enable_gqa): left to the math path
+        return None
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
+    )[0]
+
+
 def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -113,7 +148,9 @@ def _measure(
     existing = {_storage_key(t) for t in [*trainee.parameters(), *trainee.buffers()]}
     existing |= {_storage_key(v) for v in batch.values() if isinstance(v, torch.Tensor)}
     active: Counter = Counter()
-    seen: dict[int, tuple[torch.UntypedStorage, str, float]] = {}
+    # Weak references: a storage saved by a graph branch that does not reach the output is freed
+    # with that branch when the forward drops it, as in a real run; it is not counted.
+    seen: dict[int, tuple[int, int, str, float]] = {}  # weak reference, bytes, unit, scale
     inputs: Counter = Counter()
     order: list[str] = []
 
@@ -129,7 +166,8 @@ def _measure(
             scale = 1.0
             if as_itemsize and t.is_floating_point() and t.element_size() > as_itemsize:
                 scale = as_itemsize / t.element_size()
-            seen[key] = (t.untyped_storage(), innermost(), scale)
+            storage = t.untyped_storage()
+            seen[key] = (storage._weak_ref(), storage.nbytes(), innermost(), scale)
         return t
 
     def unit_input(module, args, kwargs):
@@ -160,6 +198,7 @@ def _measure(
         with (
             _track_forwards(trainee, active),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            _FusedAttention(),
         ):
             out = trainee(batch)
     finally:
@@ -169,8 +208,10 @@ def _measure(
             m.__dict__[UNIT_ENTRY] = entry
     loss = out[0] if isinstance(out, tuple) else out
     saved: Counter = Counter()
-    for storage, unit, scale in seen.values():
-        saved[unit] += int(storage.nbytes() * scale)
+    for weak, nbytes, unit, scale in seen.values():
+        if not torch.UntypedStorage._expired(weak):  # still held when the forward returns
+            saved[unit] += int(nbytes * scale)
+        torch.UntypedStorage._free_weak_ref(weak)
     names = {id(p): n for n, p in trainee.named_parameters()}
     trainable = [p for p in trainee.parameters() if p.requires_grad]
     reached = set()

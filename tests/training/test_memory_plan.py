@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from memory_runs import saved_by_a_real_forward
 from pi_tiny import paligemma_tokenizer_cache
-from tiny import tiny_act_flags
+from tiny import run_train, tiny_act_flags, tiny_diffusion_flags
 
 from lerobot_pipe.policies.pi0 import PI_TINY_PRESET
 from lerobot_pipe.training.memory_model import GIB
@@ -78,22 +78,85 @@ def _profile(argv: list[str]):
     return plan, probe_activations(plan, trainee, pre, [])
 
 
+@pytest.fixture(scope="module")
+def smolvla_flags(tmp_path_factory) -> list[str]:
+    """A tiny SmolVLM (smolvla_tiny) over a 32-pixel one-camera dataset."""
+    pytest.importorskip("transformers", reason="SmolVLA needs transformers")
+    from smolvla_tiny import build_tiny_smolvlm
+
+    from lerobot_pipe.datasets import write_synthetic_dataset
+    from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
+
+    tmp = tmp_path_factory.mktemp("planner_smolvla")
+    root = write_synthetic_dataset(
+        tmp / "ds32", num_episodes=4, episode_length=10, cameras=["top"], image_size=32,
+        pixels_only=True, num_tasks=2,
+    )  # fmt: skip
+    flags = {
+        "policy.type": "smolvla",
+        "policy.vlm_model_name": str(build_tiny_smolvlm(tmp / "vlm")),
+        **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
+        "policy.resize_imgs_with_padding": "[32,32]",
+        "dataset.root": str(root),
+        "steps": 2,
+        "num_workers": 0,
+    }
+    return [f"--{k}={v}" for k, v in flags.items()]
+
+
+@pytest.fixture(scope="module")
+def diffusion_lora_flags(diffusion_camera_root, tmp_path_factory) -> list[str]:
+    """LoRA (its declared targets) over a tiny Diffusion Policy trained one step."""
+    out = tmp_path_factory.mktemp("planner_diffusion") / "base"
+    run_train([*tiny_diffusion_flags(**{"dataset.root": diffusion_camera_root, "steps": 1}),
+               f"--output_dir={out}"])  # fmt: skip
+    base = out / "checkpoints/000001/pretrained_model"
+    return [f"--policy.path={base}", "--peft.method_type=LORA", "--peft.r=4"]
+
+
+EXPERT_ONLY = {"policy.train_expert_only": "true"}
+
+
 @pytest.mark.parametrize(
     "label",
-    ["act", "pi05", "pi05_expert_only"],
+    [
+        "act",
+        "diffusion",
+        "diffusion_lora",
+        "smolvla",
+        "smolvla_expert_only",
+        "pi0",
+        "pi0_expert_only",
+        "pi05",
+        "pi05_expert_only",
+    ],
 )
-def test_activations_within_15_percent_of_a_real_forward(label, dataset_root, pi_root, tmp_path):
+def test_activations_within_15_percent_of_a_real_forward(label, request, tmp_path):
     """The estimate, from saved-tensor hooks on the meta device at batch 1 and 2, against the
-    bytes a real CPU forward leaves alive (a dispatch mode's storage accounting) at 4 and 8."""
-    if label == "act":
-        argv = tiny_act_flags(**{"dataset.root": dataset_root, "steps": 2})
+    bytes a real CPU forward leaves alive (a dispatch mode's storage accounting) at 4 and 8:
+    each native policy, trained in full and in a lighter mode (LoRA, or the expert alone)."""
+    kind, _, mode = label.partition("_")
+    if kind == "act":
+        root = request.getfixturevalue("dataset_root")
+        argv = tiny_act_flags(**{"dataset.root": root, "steps": 2})
+    elif kind == "diffusion":
+        root = request.getfixturevalue("diffusion_camera_root")
+        argv = tiny_diffusion_flags(**{"dataset.root": root, "steps": 2})
+        argv += request.getfixturevalue("diffusion_lora_flags") if mode == "lora" else []
+    elif kind == "smolvla":
+        # SmolVLA trains its expert alone by default; in full, the VLM and its vision tower too.
+        frozen = "true" if mode else "false"
+        argv = [*request.getfixturevalue("smolvla_flags"), f"--policy.train_expert_only={frozen}",
+                f"--policy.freeze_vision_encoder={frozen}"]  # fmt: skip
     else:
-        extra = {"policy.train_expert_only": "true"} if label.endswith("expert_only") else {}
-        argv = pi_flags(pi_root, **extra)
+        argv = pi_flags(request.getfixturevalue("pi_root"), kind, **(EXPERT_ONLY if mode else {}))
     plan, profile = _profile([*argv, f"--output_dir={tmp_path / 'out'}"])
-    for batch in (4, 8):
-        real = saved_by_a_real_forward(plan, batch)
-        estimated = profile.saved(batch)
+    measured = {
+        batch: (profile.saved(batch), saved_by_a_real_forward(plan, batch)) for batch in (4, 8)
+    }
+    for batch, (estimated, real) in measured.items():
+        print(f"{label} batch {batch}: estimated/real = {estimated / real:.3f}")
+    for batch, (estimated, real) in measured.items():
         assert abs(estimated - real) <= 0.15 * real, (label, batch, estimated, real)
 
 
