@@ -129,7 +129,7 @@ def test_dry_run_with_a_dataset_root_generates_no_dataset(workspace, tmp_path):
 def test_profiles_plan_the_same_jobs(workspace):
     """The local and the SLURM profile run the same jobs on the same files with the same
     commands; the SLURM profile only adds its default sbatch resources, never overrides what a
-    rule asks for (the train job's nodes, tasks, memory and runtime)."""
+    rule asks for (a training segment's nodes, tasks, memory and runtime)."""
     if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
         pytest.skip("the SLURM profile needs its executor plugin: make slurm-plugin")
 
@@ -141,11 +141,12 @@ def test_profiles_plan_the_same_jobs(workspace):
         }
 
     local, slurm = plan("local"), plan("slurm")
-    assert {job[0] for job in local} == {*DRY_RUN_JOBS}
+    # The default trains in segments: each one's checkpoint converted and evaluated beside them.
+    assert {job[0] for job in local} == {*DRY_RUN_JOBS, "train_segment", "convert", "evaluate"}
     assert local.keys() == slurm.keys()
     for job, resources in local.items():
         assert resources.items() <= slurm[job].items(), job[0]
-    train = next(resources for job, resources in local.items() if job[0] == "train")
+    train = next(resources for job, resources in local.items() if job[0] == "train_segment")
     assert {"nodes", "tasks", "mem_mb", "runtime"} <= train.keys()
 
 
