@@ -490,8 +490,13 @@ def banner_line(plan: TrainingPlan, nproc_per_node: int, device: torch.device) -
         # all-reduces), which a probe on the main rank alone would leave waiting.
         return None
     gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    from huggingface_hub import constants as hub
+
     python_state, numpy_state = random.getstate(), np.random.get_state()
     devices = [device] if device.type == "cuda" else []
+    # What the plan reads (a VLM's config, a tokenizer) the run has just read: from the Hub's
+    # cache only, so that a log line never waits on the network.
+    offline, hub.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE, True
     try:
         with torch.random.fork_rng(devices=devices):  # the run draws as without the plan
             memory = plan_for(plan, nproc_per_node, gpu)
@@ -499,6 +504,7 @@ def banner_line(plan: TrainingPlan, nproc_per_node: int, device: torch.device) -
         log.debug("no memory plan: %s: %s", type(e).__name__, e)
         return None
     finally:
+        hub.HF_HUB_OFFLINE = offline
         random.setstate(python_state)
         np.random.set_state(numpy_state)
     line = (
