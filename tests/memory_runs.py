@@ -134,3 +134,24 @@ def saved_by_a_real_forward(plan, batch_size: int) -> int:
     with tracker.mode:
         out = trainee(batch)  # noqa: F841 - its graph holds what was saved
     return tracker.bytes
+
+
+def tiny_smolvla_flags(tmp, num_episodes: int) -> list[str]:
+    """A tiny SmolVLM (smolvla_tiny) over a 32-pixel one-camera dataset of two tasks."""
+    from smolvla_tiny import build_tiny_smolvlm
+
+    from lerobot_pipe.datasets import write_synthetic_dataset
+    from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
+
+    root = write_synthetic_dataset(
+        tmp / "ds32", num_episodes=num_episodes, episode_length=10, cameras=["top"],
+        image_size=32, pixels_only=True, num_tasks=2,
+    )  # fmt: skip
+    flags = {
+        "policy.type": "smolvla",
+        "policy.vlm_model_name": str(build_tiny_smolvlm(tmp / "vlm")),
+        **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
+        "policy.resize_imgs_with_padding": "[32,32]",
+        "dataset.root": str(root),
+    }
+    return [f"--{k}={v}" for k, v in flags.items()]

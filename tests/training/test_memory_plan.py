@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from memory_runs import saved_by_a_real_forward
+from memory_runs import saved_by_a_real_forward, tiny_smolvla_flags
 from pi_tiny import paligemma_tokenizer_cache
 from tiny import run_train, tiny_act_flags, tiny_diffusion_flags
 
@@ -82,26 +82,8 @@ def _profile(argv: list[str]):
 def smolvla_flags(tmp_path_factory) -> list[str]:
     """A tiny SmolVLM (smolvla_tiny) over a 32-pixel one-camera dataset."""
     pytest.importorskip("transformers", reason="SmolVLA needs transformers")
-    from smolvla_tiny import build_tiny_smolvlm
-
-    from lerobot_pipe.datasets import write_synthetic_dataset
-    from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
-
     tmp = tmp_path_factory.mktemp("planner_smolvla")
-    root = write_synthetic_dataset(
-        tmp / "ds32", num_episodes=4, episode_length=10, cameras=["top"], image_size=32,
-        pixels_only=True, num_tasks=2,
-    )  # fmt: skip
-    flags = {
-        "policy.type": "smolvla",
-        "policy.vlm_model_name": str(build_tiny_smolvlm(tmp / "vlm")),
-        **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
-        "policy.resize_imgs_with_padding": "[32,32]",
-        "dataset.root": str(root),
-        "steps": 2,
-        "num_workers": 0,
-    }
-    return [f"--{k}={v}" for k, v in flags.items()]
+    return [*tiny_smolvla_flags(tmp, num_episodes=4), "--steps=2", "--num_workers=0"]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from launch import run_distributed
-from memory_runs import measure_all
+from memory_runs import measure_all, tiny_smolvla_flags
 from pi_tiny import paligemma_tokenizer_cache
 from tiny import run_train, tiny_act_flags, tiny_diffusion_flags
 
@@ -32,23 +32,7 @@ def _pi(root, kind: str) -> list[str]:
 
 
 def _smolvla(tmp) -> list[str]:
-    from smolvla_tiny import build_tiny_smolvlm
-
-    from lerobot_pipe.datasets import write_synthetic_dataset
-    from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
-
-    root = write_synthetic_dataset(
-        tmp / "ds32", num_episodes=2, episode_length=10, cameras=["top"], image_size=32,
-        pixels_only=True, num_tasks=2,
-    )  # fmt: skip
-    flags = {
-        "policy.type": "smolvla",
-        "policy.vlm_model_name": str(build_tiny_smolvlm(tmp / "vlm")),
-        **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
-        "policy.resize_imgs_with_padding": "[32,32]",
-        "dataset.root": str(root),
-    }
-    return [f"--{k}={v}" for k, v in flags.items()]
+    return tiny_smolvla_flags(tmp, num_episodes=2)
 
 
 @pytest.fixture(scope="module")
