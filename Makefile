@@ -143,10 +143,10 @@ run: $(VENV)/.installed
 # Snakemake's HTML report of the run, beside its results; it opens on the loss, evaluation
 # (success and rewards per checkpoint, the best one starred) and throughput figures and the
 # checkpoint table (workflow/report/workflow.rst, shown as the landing page because
-# workflow/report/metadata.yaml is given).
+# workflow/report/metadata.yaml is given). During a run (or after a failed one) the report of what
+# exists then: lerobot_pipe/pipeline/report_job.py.
 report: $(VENV)/.installed
-	$(VENV_ENV) $(VENV)/bin/snakemake --report results/$(RUN)/report.html \
-		--report-metadata workflow/report/metadata.yaml
+	$(VENV_ENV) $(VENV)/bin/lerobot-pipe report --output=results/$(RUN)/report.html
 
 # snakemake --unlock, refused while a trainer still holds a run folder of results/ (its run lock).
 unlock: $(VENV)/.installed

@@ -56,6 +56,10 @@ localrules:
     plot_training,
     plot_eval,
     checkpoint_table,
+    plot_training_now,
+    plot_eval_now,
+    checkpoint_table_now,
+    report_now,
 
 
 rule all:

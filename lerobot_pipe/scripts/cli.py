@@ -275,6 +275,47 @@ def cmd_publish(options: PublishOptions, _: list[str]) -> int:
 
 
 @dataclass
+class PublishBestOptions:
+    """Publish the checkpoint a best.json names (the best evaluated so far, while training goes on)
+    to the repo root, as the final one is, then write the receipt with that step: each new best
+    re-published; the same best again makes no commit."""
+
+    best: str = required()  # eval/best.json
+    converted_dir: str = required()  # the folder holding <step>/pretrained_model/ (converted/)
+    repo_id: str = required()  # Hub model repo (namespace/name)
+    private: bool | None = None  # create the repo private (default: the Hub's default)
+    endpoint: str | None = None  # Hub endpoint (default: HF_ENDPOINT, else huggingface.co)
+    receipt: str | None = None  # write the commit's receipt (JSON, with "best_step") here
+
+
+def cmd_publish_best(options: PublishBestOptions, _: list[str]) -> int:
+    from lerobot_pipe.constants import PRETRAINED_MODEL_DIR
+    from lerobot_pipe.evaluation.best import read_best
+    from lerobot_pipe.fsutil import write_json_atomic
+    from lerobot_pipe.hub.publish import publish_checkpoint
+
+    step = read_best(options.best)["step"]
+    receipt = publish_checkpoint(
+        Path(options.converted_dir, step, PRETRAINED_MODEL_DIR),
+        options.repo_id,
+        intermediate=False,
+        step=int(step),
+        private=options.private,
+        endpoint=options.endpoint,
+    )
+    if options.receipt:
+        write_json_atomic(Path(options.receipt), {"best_step": step, **receipt.to_json()})
+    log.info(
+        "published the best so far, %s, to %s at %s (%s)",
+        step,
+        receipt.repo_id,
+        receipt.commit_id,
+        "a new commit" if receipt.created_commit else "unchanged",
+    )
+    return 0
+
+
+@dataclass
 class EvaluateOptions:
     """Evaluate one checkpoint with lerobot-eval (its library path, here), the checkpoint pinned
     against retention meanwhile; eval_info.json is written last, atomically."""
@@ -371,13 +412,18 @@ class Command:
     passes_to_eval: bool = False
 
 
-# Our lerobot-train, lerobot-eval and lerobot-convert-dcp: name -> (module with main(argv), what).
+# Our lerobot-train, lerobot-eval and lerobot-convert-dcp, and the report (snakemake's own
+# arguments): name -> (module with main(argv), what).
 DELEGATED: dict[str, tuple[str, str]] = {
     "train": ("lerobot_pipe.scripts.train", "lerobot-train: train a policy, on 1 process or many"),
     "eval": ("lerobot_pipe.scripts.eval", "lerobot-eval: roll a trained policy out in simulation"),
     "convert-dcp": (
         "lerobot_pipe.scripts.convert_dcp",
         "lerobot-convert-dcp: merge a checkpoint's DCP shards into safetensors",
+    ),
+    "report": (
+        "lerobot_pipe.scripts.report",
+        "the run's HTML report (make report), also while it trains or after it failed",
     ),
 }
 
@@ -390,6 +436,7 @@ COMMANDS: dict[str, Command] = {
     "finish-train": Command(FinalCheckpointOptions, cmd_final_checkpoint),
     "check-run-lock": Command(CheckRunLockOptions, cmd_check_run_lock),
     "publish": Command(PublishOptions, cmd_publish),
+    "publish-best": Command(PublishBestOptions, cmd_publish_best),
     "eval-checkpoint": Command(EvaluateOptions, cmd_evaluate, passes_to_eval=True),
     "choose-best": Command(ChooseBestOptions, cmd_choose_best),
     "pin": Command(PinOptions, cmd_pin),

@@ -117,7 +117,8 @@ def vqbet_pipeline(tmp_path_factory) -> Path:
     config = {
         "run": "vqbet",
         "dataset": {"synthetic": {**SYNTHETIC, "cameras": ["top"], "pixels_only": True}},
-        "launch": {"nproc_per_node": 2},
+        # One train job (segments cost a trainer start each, and LeRobot's imports are slow).
+        "launch": {"nproc_per_node": 2, "segment_steps": 0},
         "train": {
             "steps": 10,
             "save_freq": 5,

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,9 +124,11 @@ class Workspace:
         env: dict | None = None,
         timeout: float = 600,
         interrupt_when: str | None = None,
+        meanwhile: tuple[str, Callable[[], object]] | None = None,
     ) -> Result:
         """Run snakemake here. With interrupt_when, press Ctrl-C (SIGINT to its whole process
-        group, as a terminal does) as soon as that file exists."""
+        group, as a terminal does) as soon as that file exists. With meanwhile (a file, a call),
+        make the call as soon as the file exists, while snakemake goes on."""
         start = time.monotonic()
         with subprocess.Popen(
             [str(VENV_BIN / "snakemake"), *args],
@@ -141,6 +144,16 @@ class Workspace:
                     time.sleep(0.05)
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGINT)
+            if meanwhile is not None:
+                when, call = meanwhile
+                while not self.path(when).exists() and proc.poll() is None:
+                    time.sleep(0.05)
+                try:
+                    call()
+                except BaseException:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    raise
             try:
                 output, _ = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -183,6 +196,20 @@ class Workspace:
             is_torchrun = any(arg.endswith("torchrun") for arg in argv)
             found.add(int(entry.name) if is_torchrun else parent)
         return found
+
+    def command(self, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        """Another of the venv's console scripts here (e.g. lerobot-pipe report), as a user
+        types it in the workflow's folder; stdout and stderr together."""
+        return subprocess.run(
+            [str(VENV_BIN / argv[0]), *argv[1:]],
+            cwd=self.root,
+            env=pipeline_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=300,
+            check=False,
+        )
 
     def run_ok(self, *args: str, **kwargs) -> Result:
         result = self.snakemake(*args, **kwargs)

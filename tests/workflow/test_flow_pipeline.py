@@ -9,12 +9,14 @@ The embedded default on 1 training process, 90 steps, a checkpoint (and a segmen
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import time
 
 import pytest
+from conftest_hub import hub_server_module  # noqa: F401  (one Hub server for the flow run)
 from snakemake_runs import RUN, TRAIN_DIR, Workspace
 
 from lerobot_pipe.constants import CHECKPOINTS_DIR, ENV_FAULT_POINT, PINS_DIR
@@ -23,10 +25,16 @@ pytestmark = pytest.mark.slow
 
 STEPS = ["000030", "000060", "000090"]
 FLOW = {"launch": {"nproc_per_node": 1}, "train": {"steps": 90, "save_freq": 30}}
+REPO_ID = "alice/flow-act"
 
 
-def _command(workspace: Workspace) -> tuple[str, ...]:
-    flow = workspace.write_config("flow.yaml", FLOW)
+def _command(workspace: Workspace, hub=None) -> tuple[str, ...]:
+    """The flow run's snakemake arguments; with a Hub server, publish.steps: best to it."""
+    config = FLOW
+    if hub is not None:
+        config = {**FLOW, "publish": {"steps": "best"}}
+        config |= {"hub_repo_id": REPO_ID, "hub_endpoint": hub.url}
+    flow = workspace.write_config("flow.yaml", config)
     return ("--cores", "2", "--configfile", "config/config.yaml", flow)
 
 
@@ -60,9 +68,25 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def flow_run(tmp_path_factory) -> Workspace:
+def flow_run(tmp_path_factory, hub_server_module) -> Workspace:  # noqa: F811
+    """The run, publishing the best so far to a local Hub (publish.steps: best); as soon as the
+    first evaluation lands, `lerobot-pipe report` (make report's command) writes the report
+    while training goes on (workspace.report_during_run)."""
     workspace = Workspace.fresh(tmp_path_factory.mktemp("flow") / "repo")
-    workspace.first_result = workspace.run_ok(*_command(workspace))
+    command = _command(workspace, hub_server_module)
+    workspace.flow_command, workspace.hub = command, hub_server_module
+
+    def report():
+        # The run's own --configfile, as its summary prints the command.
+        args = command[command.index("--configfile") :]
+        workspace.report_during_run = workspace.command(
+            "lerobot-pipe", "report", f"--output={RUN}/report.html", *args
+        )
+        workspace.report_was_final = workspace.path(f"{RUN}/final_checkpoint.json").exists()
+
+    workspace.first_result = workspace.run_ok(
+        *command, env=hub_server_module.env(), meanwhile=(_eval_info("000030"), report)
+    )
     return workspace
 
 
@@ -70,6 +94,7 @@ def test_each_checkpoint_is_evaluated_while_training_goes_on(flow_run):
     jobs = flow_run.first_result.jobs()
     assert (jobs["train_segment"], jobs["train"]) == (3, 1)
     assert (jobs["convert"], jobs["evaluate"], jobs["best"]) == (3, 3, 1)
+    assert (jobs["publish_best_so_far"], jobs["publish"]) == (3, 1)
     assert flow_run.complete_checkpoints() == STEPS
     # The first evaluation ends before training has written its last checkpoint.
     first_eval = flow_run.path(_eval_info("000030")).stat().st_mtime
@@ -92,8 +117,52 @@ def test_best_names_an_evaluated_step_and_no_pending_pin_stays(flow_run):
     assert _pins(flow_run) == [f"{best['step']}.best"]
 
 
+def test_the_report_during_the_run_shows_the_evaluations_that_exist(flow_run):
+    """`snakemake --report` refuses the finished run's figures before they exist: the report
+    written while training went on is made from what existed then (report_now)."""
+    written = flow_run.report_during_run
+    assert written.returncode == 0, written.stdout[-3000:]
+    assert not flow_run.report_was_final  # the run had not ended when it began
+    assert "writing the report of what exists now" in written.stdout
+    report = flow_run.path(f"{RUN}/report.html").read_text()
+    for name in ("loss.svg", "eval.svg", "throughput.svg", "checkpoints.html"):
+        assert f"report/now/{name}" in report
+    table = flow_run.path(f"{RUN}/report/now/checkpoints.html").read_text()
+    first = json.loads(flow_run.path(_eval_info("000030")).read_text())["overall"]
+    assert "<td>30</td>" in table and f"<td>{first['pc_success']:.1f}</td>" in table
+    # After the run, the same command writes the finished run's report.
+    args = flow_run.flow_command[flow_run.flow_command.index("--configfile") :]
+    after = flow_run.command("lerobot-pipe", "report", f"--output={RUN}/report.html", *args)
+    assert after.returncode == 0, after.stdout[-3000:]
+    assert "report of the finished run" in after.stdout
+    report = flow_run.path(f"{RUN}/report.html").read_text()
+    assert "report/now/" not in report and "report/checkpoints.html" in report
+
+
+def test_each_new_best_is_published_while_training_goes_on(flow_run):
+    """After each evaluation the best so far went to the main revision; the same best again made
+    no commit; the repository ends on the final best."""
+    receipts = [
+        json.loads(flow_run.path(f"{RUN}/published/best_so_far/{step}.json").read_text())
+        for step in STEPS
+    ]
+    last_checkpoint = flow_run.path(_step_file("000090")).stat().st_mtime
+    first = flow_run.path(f"{RUN}/published/best_so_far/000030.json").stat().st_mtime
+    assert first < last_checkpoint  # published while training went on
+    for before, after in itertools.pairwise(receipts):
+        assert after["best_step"] in STEPS and after["revision"] == "main"
+        if after["best_step"] == before["best_step"]:
+            assert not after["created_commit"] and after["commit_id"] == before["commit_id"]
+    best = json.loads(flow_run.path(f"{RUN}/eval/best.json").read_text())["step"]
+    assert receipts[-1]["best_step"] == best
+    weights = flow_run.path(f"{RUN}/converted/{best}/pretrained_model/model.safetensors")
+    assert flow_run.hub.read_file(REPO_ID, "model.safetensors") == weights.read_bytes()
+    final = json.loads(flow_run.path(f"{RUN}/published/{best}.json").read_text())
+    assert final["commit_id"] == receipts[-1]["commit_id"] and not final["created_commit"]
+
+
 def test_the_rerun_has_nothing_to_do(flow_run):
-    result = flow_run.run_ok(*_command(flow_run))
+    result = flow_run.run_ok(*flow_run.flow_command, env=flow_run.hub.env())
     assert "Nothing to be done" in result.output and result.jobs() == {}
 
 
@@ -110,7 +179,7 @@ def test_more_steps_add_a_segment_and_rerun_none(flow_run, tmp_path):
     command = ("--cores", "2", "--configfile", "config/config.yaml", "flow.yaml", longer)
     planned = run.run_ok("-n", *command).jobs()
     assert (planned["train_segment"], planned["convert"], planned["evaluate"]) == (1, 1, 1)
-    jobs = run.run_ok(*command).jobs()
+    jobs = run.run_ok(*command, env=flow_run.hub.env()).jobs()
     assert (jobs["train_segment"], jobs["convert"], jobs["evaluate"]) == (1, 1, 1)
     after = run.mtimes(f"{RUN}/segments/*.json") | run.mtimes(f"{RUN}/eval/0*/eval_info.json")
     assert {path: after[path] for path in done} == done

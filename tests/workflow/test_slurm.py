@@ -47,9 +47,12 @@ def slurm_cluster():
 
 
 def test_pipeline_through_the_slurm_profile(slurm_cluster, tmp_path):
+    """Training in two segments (launch.segment_steps: train.save_freq): each a SLURM job with
+    the train resources (srun + torchrun on 2 tasks), each checkpoint's conversion and evaluation
+    a small job of its own; the job that records the final checkpoint runs where Snakemake runs."""
     workspace = Workspace.fresh(tmp_path / "repo")
-    # One checkpoint: each SLURM job costs seconds of start-up and status polling.
-    override = workspace.write_config("short.yaml", {"train": {"steps": 20}})
+    # Two checkpoints: each SLURM job costs seconds of start-up and status polling.
+    override = workspace.write_config("short.yaml", {"train": {"steps": 20, "save_freq": 10}})
     result = workspace.run_ok(
         "--profile",
         "workflow/profiles/slurm",
@@ -57,13 +60,19 @@ def test_pipeline_through_the_slurm_profile(slurm_cluster, tmp_path):
         "config/config.yaml",
         override,
     )
-    # validate, train, convert, evaluate (the best checkpoint and the figures run locally)
-    assert result.output.count("submitted with SLURM jobid") == 4
-    train_log = workspace.path(f"{RUN}/logs/train.log").read_text()
-    assert "srun + torchrun" in train_log
-    assert workspace.complete_checkpoints() == ["000020"]
-    assert workspace.converted_steps() == ["000020"]
-    assert workspace.path(f"{RUN}/eval/000020/eval_info.json").is_file()
-    assert json.loads(workspace.path(f"{RUN}/eval/best.json").read_text())["step"] == "000020"
+    # validate, 2 segments, 2 conversions, 2 evaluations (train, best and the figures run
+    # locally)
+    assert result.output.count("submitted with SLURM jobid") == 7
+    assert (result.jobs()["train_segment"], result.jobs()["train"]) == (2, 1)
+    history = workspace.path(f"{RUN}/logs/train.log").read_text()
+    assert history.count("srun + torchrun") == 2  # one launch per segment
+    assert "checkpoints/000010 (step 10)" in history  # the second resumed the first
+    assert workspace.complete_checkpoints() == ["000010", "000020"]
+    assert workspace.converted_steps() == ["000010", "000020"]
+    for step in ("000010", "000020"):
+        assert workspace.path(f"{RUN}/eval/{step}/eval_info.json").is_file()
+        assert workspace.path(f"{RUN}/segments/{step}.json").is_file()
+    best = json.loads(workspace.path(f"{RUN}/eval/best.json").read_text())
+    assert best["step"] in ("000010", "000020")
     final = workspace.final_checkpoint()
     assert final["step"] == 20 and final["world_size"] == 2

@@ -28,8 +28,8 @@ STEP_DIR = f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/{{step}}"
 # Written last into a step folder: its presence marks a complete checkpoint.
 STEP_FILE = f"{STEP_DIR}/{TRAINING_STATE_DIR}/{TRAINING_STEP}"
 METRICS = f"{TRAIN_DIR}/metrics.jsonl"
-# `--report-metadata`: the report then opens on workflow/report/workflow.rst (see make report).
-REPORT_METADATA = "workflow/report/metadata.yaml"
+# The report's figures and table from what exists now (report_now: a report during a run).
+REPORT_NOW = f"{RESULTS}/report/now"
 
 USE_SYNTHETIC_DATASET = not (config["dataset"]["root"] or config["dataset"]["repo_id"])
 PUBLISHING = bool(config["hub_repo_id"])
@@ -183,6 +183,25 @@ def dataset_input(wildcards):
     return SYNTHETIC_DATASET if USE_SYNTHETIC_DATASET else []
 
 
+def existing(pattern):
+    """The paths that match ``pattern`` now, sorted (a report during a run: what has landed)."""
+    return sorted(str(path) for path in Path().glob(pattern))
+
+
+def now_report(name, caption, category, labels):
+    """A report file of the *_now rules (report.smk): in REPORT_NOW, with the same report()
+    entry as the finished run's, so that the report looks the same. Their params list what
+    exists when the job runs, files written last (eval_info.json, the renamed converted folder,
+    a publish receipt), so none is half-written."""
+    return report(
+        f"{REPORT_NOW}/{name}",
+        caption=caption,
+        category=category,
+        subcategory=RUN,
+        labels={"run": RUN, **labels},
+    )
+
+
 def complete_steps():
     """Step folder names of the complete checkpoints, ascending: the library's listing,
     which resume and the launcher use too.
@@ -223,11 +242,11 @@ def flow_evaluated(wildcards):
 
 
 def flow_published(wildcards):
-    """publish.steps: all, every segment's checkpoint; final, the last one; best: none before
-    training ends (the best is known only then)."""
-    steps = {"all": FLOW_STEPS, "final": FLOW_STEPS[-1:]}.get(
-        config["publish"]["steps"], []
-    )
+    """publish.steps: all, every segment's checkpoint; final, the last one; best: after each
+    segment's evaluation, the best so far (publish_best_so_far)."""
+    if config["publish"]["steps"] == "best":
+        return expand(rules.publish_best_so_far.output[0], step=FLOW_STEPS)
+    steps = {"all": FLOW_STEPS, "final": FLOW_STEPS[-1:]}[config["publish"]["steps"]]
     return expand(rules.publish.output[0], step=steps)
 
 
@@ -370,8 +389,9 @@ def checkpoints_size():
 
 
 def report_command():
-    """The command that writes this run's report into RESULTS: `make report` for the run of
-    config/config.yaml alone, else snakemake with this run's --configfile and --config.
+    """The command that writes this run's report into RESULTS (also while it trains): `make
+    report` for the run of config/config.yaml alone, else lerobot-pipe report with this run's
+    --configfile and --config.
     """
     configfiles = [
         os.path.relpath(path) for path in workflow.config_settings.configfiles
@@ -382,14 +402,7 @@ def report_command():
     args = ["--configfile", *configfiles] if configfiles else []
     args += ["--config", *overrides] if overrides else []
     return shlex.join(
-        [
-            "snakemake",
-            "--report",
-            f"{RESULTS}/report.html",
-            "--report-metadata",
-            REPORT_METADATA,
-            *args,
-        ]
+        ["lerobot-pipe", "report", f"--output={RESULTS}/report.html", *args]
     )
 
 

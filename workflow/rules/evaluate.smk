@@ -42,7 +42,11 @@ checkpoint best:
     input:
         evaluated_steps,
     output:
-        BEST,
+        best=BEST,
+        # Written by this job alone: with segments the evaluations rewrite best.json as they
+        # land, and Snakemake takes a checkpoint whose outputs all exist for done (publish.steps:
+        # best would read a best of some evaluations only).
+        chosen=f"{RESULTS}/best_checkpoint.json",
     log:
         f"{RESULTS}/logs/best.log",
     conda:
@@ -52,6 +56,7 @@ checkpoint best:
         train_dir=TRAIN_DIR,
     shell:
         """
-        lerobot-pipe choose-best --eval_infos={params.eval_infos:q} --output={output} \
+        lerobot-pipe choose-best --eval_infos={params.eval_infos:q} --output={output.best} \
             --train_dir={params.train_dir} 2>&1 | tee {log}
+        cp {output.best} {output.chosen}
         """

@@ -42,3 +42,38 @@ rule publish:
             exit 1
         fi
         """
+
+
+# publish.steps: best while training goes on (segments): after each evaluation, the best so far
+# (best.json, which that evaluation updated) goes to the main revision, so the repository follows
+# each new best; the same best again makes no commit. The publish job of the final best still
+# runs at the end. The receipt names the step it published (best_step).
+rule publish_best_so_far:
+    input:
+        rules.evaluate.output[0],
+    output:
+        f"{RESULTS}/published/best_so_far/{{step}}.json",
+    log:
+        f"{RESULTS}/logs/publish/best_so_far/{{step}}.log",
+    conda:
+        "../../envs/lerobot_pipe.yaml"
+    resources:
+        hub_commits=1,
+    params:
+        best=BEST,
+        converted_dir=f"{RESULTS}/converted",
+        repo_id=config["hub_repo_id"],
+        private=str(config["publish"]["private"]).lower(),
+        endpoint=(
+            f"--endpoint={config['hub_endpoint']}" if config["hub_endpoint"] else ""
+        ),
+    shell:
+        """
+        lerobot-pipe publish-best --best={params.best} --converted_dir={params.converted_dir} \
+            --repo_id={params.repo_id} --private={params.private} {params.endpoint} \
+            --receipt={output} >{log} 2>&1 || failed=1
+        if [ -n "${{failed:-}}" ]; then
+            grep -h ERROR {log} >&2 || tail -n 15 {log} >&2
+            exit 1
+        fi
+        """

@@ -1,4 +1,7 @@
-# Figures and tables for `snakemake --report report.html`.
+# Figures and tables for `snakemake --report report.html`: those of the finished run (plot_training,
+# plot_eval, checkpoint_table: rule all's), and the same from what exists now (the *_now rules,
+# no inputs, so they never wait for or start another job): `lerobot-pipe report` (make report)
+# writes the report from them while the run goes on, or after it failed.
 
 
 rule plot_training:
@@ -48,6 +51,8 @@ rule plot_eval:
     conda:
         "../../envs/lerobot_pipe.yaml"
     params:
+        evaluated=lambda wildcards, input: list(input.evaluated),
+        best=lambda wildcards, input: input.best,
         run=RUN,
         env=config["eval"]["env"],
     script:
@@ -73,8 +78,79 @@ rule checkpoint_table:
     conda:
         "../../envs/lerobot_pipe.yaml"
     params:
+        converted=lambda wildcards, input: list(input.converted),
+        published=lambda wildcards, input: list(input.published),
+        evaluated=lambda wildcards, input: list(input.evaluated),
+        best=lambda wildcards, input: input.best or None,
+        evaluating=EVALUATING,
         train_dir=TRAIN_DIR,
         metrics=METRICS,
         run=RUN,
     script:
         "../scripts/checkpoint_table.py"
+
+
+# The same figures and table from what exists when the job runs (now_report: their paths).
+
+
+use rule plot_training as plot_training_now with:
+    input:
+        [],
+    output:
+        loss=now_report(
+            "loss.svg", "../report/loss.rst", "Training", {"figure": "loss"}
+        ),
+        throughput=now_report(
+            "throughput.svg",
+            "../report/throughput.rst",
+            "Training",
+            {"figure": "throughput"},
+        ),
+    log:
+        f"{RESULTS}/logs/plot_training_now.log",
+
+
+use rule plot_eval as plot_eval_now with:
+    input:
+        [],
+    output:
+        now_report("eval.svg", "../report/eval.rst", "Evaluation", {"figure": "eval"}),
+    log:
+        f"{RESULTS}/logs/plot_eval_now.log",
+    params:
+        evaluated=lambda wildcards: existing(f"{EVAL_DIR}/*/eval_info.json"),
+        best=lambda wildcards: BEST if Path(BEST).is_file() else None,
+        run=RUN,
+        env=config["eval"]["env"],
+
+
+use rule checkpoint_table as checkpoint_table_now with:
+    input:
+        [],
+    output:
+        now_report(
+            "checkpoints.html",
+            "../report/checkpoints.rst",
+            "Checkpoints",
+            {"table": "checkpoints"},
+        ),
+    log:
+        f"{RESULTS}/logs/checkpoint_table_now.log",
+    params:
+        converted=lambda wildcards: existing(
+            f"{RESULTS}/converted/*/{PRETRAINED_MODEL_DIR}"
+        ),
+        published=lambda wildcards: existing(f"{RESULTS}/published/*.json"),
+        evaluated=lambda wildcards: existing(f"{EVAL_DIR}/*/eval_info.json"),
+        best=lambda wildcards: BEST if Path(BEST).is_file() else None,
+        evaluating=EVALUATING,
+        train_dir=TRAIN_DIR,
+        metrics=METRICS,
+        run=RUN,
+
+
+rule report_now:
+    input:
+        rules.plot_training_now.output,
+        rules.plot_eval_now.output if EVALUATING else [],
+        rules.checkpoint_table_now.output,

@@ -48,6 +48,11 @@ if SEGMENTED:
                 --receipt={output} --pin_pending=true {params} "${{flags[@]}}"
             """ % TRAIN_HISTORY
 
+    # It only records the last segment's checkpoint: a moment's work where Snakemake runs (under
+    # the SLURM profile no job of its own).
+    localrules:
+        train,
+
     checkpoint train:
         input:
             # The last segment, and through it any segment not yet trained: a validate run

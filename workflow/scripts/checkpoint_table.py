@@ -1,5 +1,6 @@
 """An HTML table of a run's checkpoints: step, topology, loss, evaluation (success, rewards, the
-best one), converted folder, Hub commit."""
+best one), converted folder, Hub commit. The files come as params: for a report during a run,
+those that exist (best.json maybe not yet)."""
 
 import contextlib
 import html
@@ -21,16 +22,21 @@ def losses(metrics: Path) -> dict[int, float]:
 
 def row(converted: Path, train_dir: Path, loss: dict[int, float], receipts: dict[str, dict]):
     step = converted.parent.name
-    state = json.loads(
-        (train_dir / CHECKPOINTS_DIR / step / TRAINING_STATE_DIR / TRAINING_STEP).read_text()
-    )
+    # Gone when retention (train.checkpoint_keep_last) deleted the checkpoint after conversion.
+    state_file = train_dir / CHECKPOINTS_DIR / step / TRAINING_STATE_DIR / TRAINING_STEP
+    state = json.loads(state_file.read_text()) if state_file.is_file() else None
     receipt = receipts.get(step, {})
-    parallelism = state["parallelism"]
+    topology = ""
+    if state is not None:
+        parallelism = state["parallelism"]
+        topology = (
+            f"{parallelism['mode']}: dp_replicate={parallelism['dp_replicate']}"
+            f" x dp_shard={parallelism['dp_shard']}"
+        )
     return (
         str(int(step)),
-        str(state["world_size"]),
-        f"{parallelism['mode']}: dp_replicate={parallelism['dp_replicate']}"
-        f" x dp_shard={parallelism['dp_shard']}",
+        str(state["world_size"]) if state is not None else "",
+        topology,
         f"{loss[int(step)]:.4f}" if int(step) in loss else "",
         str(converted),
         str(receipt.get("revision", "")),
@@ -56,19 +62,21 @@ def cells(tag: str, values) -> str:
 
 def main(snakemake) -> None:
     loss = losses(Path(snakemake.params.metrics))
-    receipts = {Path(p).stem: json.loads(Path(p).read_text()) for p in snakemake.input.published}
+    receipts = {Path(p).stem: json.loads(Path(p).read_text()) for p in snakemake.params.published}
     rows = [
         row(Path(p), Path(snakemake.params.train_dir), loss, receipts)
-        for p in snakemake.input.converted
+        for p in snakemake.params.converted
     ]
     columns = COLUMNS
-    if snakemake.input.best:
+    if snakemake.params.evaluating:
         evaluations = {
             Path(p).parent.name: json.loads(Path(p).read_text())["overall"]
-            for p in snakemake.input.evaluated
+            for p in snakemake.params.evaluated
         }
-        best = json.loads(Path(snakemake.input.best).read_text())["step"]
-        steps = [Path(p).parent.name for p in snakemake.input.converted]
+        best = None
+        if snakemake.params.best and Path(snakemake.params.best).is_file():
+            best = json.loads(Path(snakemake.params.best).read_text())["step"]
+        steps = [Path(p).parent.name for p in snakemake.params.converted]
         rows = [
             (*r[:4], *eval_cells(step, evaluations, best), *r[4:])
             for step, r in zip(steps, rows, strict=True)
