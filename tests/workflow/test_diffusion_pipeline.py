@@ -25,6 +25,8 @@ def diffusion_config(workspace: Workspace) -> dict:
         num_episodes=3, episode_length=30, cameras=["top"], image_size=48
     )
     config["train"].update(steps=4, save_freq=2, log_freq=1, batch_size=4)
+    # One train job: segments (test_flow_pipeline.py) would add a trainer start.
+    config["launch"]["segment_steps"] = 0
     config["eval"]["env"] = None  # no evaluation: tests/workflow/test_evaluate_pipeline.py
     policy = {k.removeprefix("policy."): v for k, v in TINY_DIFFUSION.items()}
     policy.update(down_dims=[16, 32], pretrained_backbone_weights=None, crop_shape=[40, 40])

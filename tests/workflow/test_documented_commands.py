@@ -73,6 +73,12 @@ RULES = [
     ),
     (r"^\.venv/bin/python bench/", FLAGS, "a benchmark of minutes: its flags parsed (`--help`)"),
     (r"^snakemake --cores 8\b", DRY_RUN, "needs 8 GPUs: planned with --dry-run"),
+    (
+        r"^snakemake --cores 2 -R (convert|evaluate)$",
+        DRY_RUN,
+        "run on a finished run by test_pipeline.py::test_rerun_convert_does_not_train and "
+        "test_evaluate_pipeline.py::test_rerun_evaluate_does_not_train_or_convert",
+    ),
     (r"^torchrun --nproc-per-node=\d+ \$\(which lerobot-train\) ", VALIDATE, "GPU-sized"),
     (r"^lerobot-train .*--output_dir=outputs/act ", VALIDATE, "GPU-sized (~14 s a step on a CPU)"),
 ]

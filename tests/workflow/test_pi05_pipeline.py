@@ -112,7 +112,8 @@ def test_pi05_config_runs_end_to_end_with_a_tiny_base(tmp_path):
             "dataset": {
                 "synthetic": {"num_episodes": 2, "episode_length": 10, "image_size": IMAGE_SIZE}
             },
-            "launch": {"nproc_per_node": 2},
+            # One train job: segments (test_flow_pipeline.py) would build pi0.5 twice.
+            "launch": {"nproc_per_node": 2, "segment_steps": 0},
             "train": {
                 "steps": 2,
                 "save_freq": 1,

@@ -52,7 +52,10 @@ def _wait_for(predicate, timeout: float, what: str) -> float:
 
 def test_sigkilled_snakemake_takes_its_trainers_along_and_the_rerun_finishes(tmp_path):
     workspace = Workspace.fresh(tmp_path / "repo")
-    long = workspace.write_config("long.yaml", {"train": {"steps": 120, "save_freq": 40}})
+    # One train job (segments: test_flow_pipeline.py's kills): snakemake is killed while it trains.
+    long = workspace.write_config(
+        "long.yaml", {"train": {"steps": 120, "save_freq": 40}, "launch": {"segment_steps": 0}}
+    )
     command = ("--cores", "2", FINAL, "--configfile", "config/config.yaml", long)
     watch = TrainerWatch(workspace)
     watch.start()
@@ -60,7 +63,6 @@ def test_sigkilled_snakemake_takes_its_trainers_along_and_the_rerun_finishes(tmp
     snakemake = workspace.start(*command)
     step_40 = workspace.path(f"{TRAIN_DIR}/{CHECKPOINTS_DIR}/000040/training_state")
     _wait_for(lambda: step_40.joinpath("training_step.json").exists(), 300, "step 40")
-    # Training in segments: the one after step 40 may still be starting.
     _wait_for(lambda: workspace.trainers(), 60, "training to run")
     snakemake.send_signal(signal.SIGKILL)  # snakemake alone: its jobs are not signalled
     seconds = _wait_for(lambda: not workspace.trainers(), 30, "the trainers to stop")

@@ -49,6 +49,8 @@ def test_smolvla_config_runs_end_to_end_with_a_tiny_vlm(tmp_path):
         "tiny.yaml",
         {
             "dataset": {"synthetic": {"num_episodes": 2, "episode_length": 10, "image_size": 32}},
+            # One train job: segments (test_flow_pipeline.py) would build SmolVLA twice.
+            "launch": {"segment_steps": 0},
             "train": {"steps": 2, "save_freq": 1, "log_freq": 1, "batch_size": 2, "policy": policy},
         },
     )
