@@ -34,7 +34,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    options, snakemake_args = parser().parse_known_args(argv)
+    try:
+        options, snakemake_args = parser().parse_known_args(argv)
+    except SystemExit as e:  # --help (0) or a missing --output (2): argparse has printed it
+        return int(e.code or 0)
     try:
         write_report(options.output, snakemake_args)
     except ReportError as e:

@@ -164,7 +164,7 @@ def test_our_commands_are_under_our_name_and_lerobots_stay_lerobots(beside):
     assert all(f"  {c} " in listed.stdout for c in ("train", "eval", "convert-dcp"))
 
 
-def run_tests_in(venv: Path, tests: Path) -> subprocess.CompletedProcess:
+def run_tests_in(venv: Path, tests: Path, *args: str) -> subprocess.CompletedProcess:
     """``tests`` run by pytest in ``venv`` against the lerobot_pipe installed there, not the
     checkout (run from outside it, without our PYTHONPATH)."""
     done = pip(venv, "install", "--no-compile", "pytest")
@@ -182,6 +182,7 @@ def run_tests_in(venv: Path, tests: Path) -> subprocess.CompletedProcess:
             str(REPO),
             "-c",
             str(REPO / "pyproject.toml"),
+            *args,
             str(tests),
         ],
         cwd=venv,
@@ -217,9 +218,11 @@ def test_lerobots_own_policies_train_here(beside):
     """tests/beside/test_lerobot_policies_here.py where it runs: LeRobot's vqbet and ACT on
     our trainer (DDP, FSDP2, resume), their checkpoints read by LeRobot's loaders."""
     venv, _ = beside
-    run = run_tests_in(venv, REPO / "tests/beside/test_lerobot_policies_here.py")
+    run = run_tests_in(venv, REPO / "tests/beside/test_lerobot_policies_here.py", "--durations=8")
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "5 passed" in run.stdout, run.stdout[-3000:]
+    # Where the time went (shown with pytest -rP, as .ci/run runs make test-beside).
+    print(run.stdout[run.stdout.find("slowest") :])
 
 
 def test_uninstalling_changes_nothing_lerobot_installed(beside):

@@ -294,8 +294,8 @@ def train_whose(argv: list[str]) -> str:
 
 def test_lerobots_act_by_flag_on_ddp_resumed_sharded(data, tmp_path):
     """LeRobot's ACT (``--policy.implementation=lerobot``) on DDP, 2 processes, bf16 autocast;
-    its step-2 checkpoint resumed on FSDP2 (units named by flag, fp32, DCP), converted; both
-    final checkpoints LeRobot's, with LeRobot's actions."""
+    its step-2 checkpoint resumed on HSDP, 4 processes (2 replicas of 2 shards, units named by
+    flag, fp32, DCP), converted; both final checkpoints LeRobot's, with LeRobot's actions."""
     ddp, sharded = tmp_path / "ddp", tmp_path / "sharded"
     argv = [*ACT, *dataset(data["camera"]), "--steps=4", "--batch_size=4", "--save_freq=2"]
     argv += [*COMMON, "--accelerator.mixed_precision=bf16"]
@@ -310,12 +310,13 @@ def test_lerobots_act_by_flag_on_ddp_resumed_sharded(data, tmp_path):
         "--resume=true",
         "--policy.implementation=lerobot",  # never written: named again
         f"--output_dir={sharded}",
+        "--parallelism.dp_replicate=2",
         "--parallelism.dp_shard=2",
         '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer","ACTDecoderLayer"]',
         "--accelerator.mixed_precision=no",
         "--checkpoint_format=dcp",
     ]
-    assert run_distributed(train_whose, 2, resume) == whose
+    assert run_distributed(train_whose, 4, resume) == whose * 2
     assert (pretrained(sharded, 4) / "pytorch_model_fsdp_0").is_dir()
     convert = [
         str(BIN / "lerobot-pipe"),
