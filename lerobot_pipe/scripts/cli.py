@@ -81,7 +81,7 @@ def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
     from lerobot_pipe.configs.parser import to_dict
     from lerobot_pipe.fsutil import write_json_atomic
     from lerobot_pipe.training.memory_plan import GB, check_memory
-    from lerobot_pipe.training.preflight import make_plan
+    from lerobot_pipe.training.preflight import make_plan, probe_units_before_launch
 
     world_size = options.nproc_per_node * options.nnodes
     # A damaged checkpoint passed over is the train job's to explain (it resumes, and the
@@ -101,6 +101,11 @@ def cmd_validate(options: ValidateOptions, train_args: list[str]) -> int:
     )
     if plan.resume_from is not None:
         log.info("would resume from %s (step %d)", plan.resume_from, plan.start_step)
+    # LeRobot's classes cannot run on the meta device: their wrap units are checked on the real
+    # model here, when it is small enough to build on the CPU.
+    left = probe_units_before_launch(plan)
+    if left is not None:
+        log.info("wrap units not probed here (%s)", left)
     gpu = None if options.gpu_memory_gb is None else int(options.gpu_memory_gb * GB)
     host = None if options.mem_mb is None else options.mem_mb * 2**20
     # Without a GPU the ranks train on the host: their whole plan is host memory.

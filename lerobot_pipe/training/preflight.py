@@ -309,3 +309,40 @@ def check_backbone_weights(cfg: TrainConfig, env: Mapping[str, str]) -> None:
         )
     except BackboneWeightsError as e:
         raise ConfigError(f"--policy.pretrained_backbone_weights={weights}: {e}") from None
+
+
+# The real model probed before launch (lerobot-pipe validate) up to this many parameters: built on
+# the CPU in seconds. A larger one is probed by the launch, on every rank before the first step.
+PROBE_BEFORE_LAUNCH_MAX_PARAMS = 300_000_000
+
+
+def probe_units_before_launch(plan: TrainingPlan) -> str | None:
+    """Where the meta device could not run the policy (``plan.sharding_unprobed``: LeRobot's own
+    classes, mostly), run the real model once on the CPU now, so that a wrap unit whose forward
+    never runs is refused by name before anything is launched (ConfigError, DDP suggested), not
+    at the first step. Returns why it was left to the launch (too large), else None."""
+    import torch
+
+    from lerobot_pipe.policies.factory import make_policy
+    from lerobot_pipe.policies.peft import apply_peft
+    from lerobot_pipe.training.unit_probes import probe_forwards
+
+    if plan.sharding is None or plan.sharding_unprobed is None:
+        return None
+    cfg = plan.cfg
+    policy, trainee = build_on_meta_for_checks(cfg, plan.dataset)
+    n_params = sum(p.numel() for p in trainee.parameters())
+    if n_params > PROBE_BEFORE_LAUNCH_MAX_PARAMS:
+        return (
+            f"{n_params / 1e6:,.0f} M parameters: the launch probes its wrap units on the real "
+            "model before the first step"
+        )
+    # Random weights suffice to see which forwards run; the generators are left as they were.
+    with torch.random.fork_rng(devices=[]):
+        policy = make_policy(cfg.policy, plan.dataset.features, pretrained_parts=False)
+        policy.train()
+        trainee = apply_peft(policy, cfg.peft, cfg.policy.pretrained_path) if cfg.peft else policy
+        pre, _ = make_processors(plan, "cpu")
+        bypassed = probe_forwards(plan, policy, trainee, pre, torch.device("cpu"))
+    plan_sharding(trainee, cfg.accelerator, type(policy)._fsdp_wrap_modules, bypassed)
+    return None

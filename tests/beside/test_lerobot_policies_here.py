@@ -28,12 +28,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # this module runs in a process of its own (
 
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 600
-# vqbet small enough for 2 CPU cores: its VQ-VAE trains alone for 5 steps, then the GPT.
+# vqbet small enough for 2 CPU cores: its VQ-VAE trains alone for 10 steps (the pipeline's
+# run), then the GPT (the resumed run: its parameters have no optimizer state yet).
 VQBET = [
     "--policy.type=vqbet",
     "--policy.crop_shape=[56,56]",
     "--policy.pretrained_backbone_weights=null",
-    "--policy.n_vqvae_training_steps=5",
+    "--policy.n_vqvae_training_steps=10",
     "--policy.gpt_n_layer=2",
 ]
 ACT = [
@@ -103,8 +104,9 @@ def dataset(root: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def vqbet_pipeline(tmp_path_factory) -> Path:
     """The pipeline (snakemake, a fresh copy of the workflow) on LeRobot's vqbet: its synthetic
-    dataset with a camera, validate, DDP on 2 processes (DCP checkpoints at steps 5 and 10),
-    conversion, evaluation in the synthetic task's environment, the best checkpoint."""
+    dataset with a camera, validate, DDP on 2 processes (a DCP checkpoint at step 10; only the
+    VQ-VAE trains: unused parameters), conversion, evaluation in the synthetic task's
+    environment, the best checkpoint. One checkpoint: each job imports LeRobot (seconds)."""
     root = tmp_path_factory.mktemp("pipeline")
     for name in ("Snakefile", "workflow", "config", "envs"):
         source = REPO / name
@@ -121,7 +123,7 @@ def vqbet_pipeline(tmp_path_factory) -> Path:
         "launch": {"nproc_per_node": 2, "segment_steps": 0},
         "train": {
             "steps": 10,
-            "save_freq": 5,
+            "save_freq": 10,
             "batch_size": 4,
             "parallelism": {"dp_shard": 1},
             "policy": {"type": "vqbet", **{k: json.loads(v) for k, v in policy.items()}},
@@ -143,16 +145,14 @@ def vqbet_pipeline(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def vqbet_resumed(vqbet_pipeline, tmp_path_factory) -> tuple[Path, str]:
-    """The pipeline run's step-5 checkpoint (DDP, DCP) resumed on one process, twice the batch
-    per process."""
+    """The pipeline run's step-10 checkpoint (DDP, DCP) resumed on one process to step 15, twice
+    the batch per process: the GPT trains now, its parameters without optimizer state before."""
     out = tmp_path_factory.mktemp("resumed") / "run"
     shutil.copytree(vqbet_pipeline / "train", out, symlinks=True)
-    shutil.rmtree(out / "checkpoints/000010")
-    (out / "checkpoints/last").unlink()
-    (out / "checkpoints/last").symlink_to("000005")
-    config = out / "checkpoints/000005/pretrained_model/train_config.json"
+    config = out / "checkpoints/000010/pretrained_model/train_config.json"
     _, log = train(
-        [f"--config_path={config}", "--resume=true", "--batch_size=8", f"--output_dir={out}"]
+        [f"--config_path={config}", "--resume=true", "--steps=15", "--batch_size=8"]
+        + [f"--output_dir={out}"]
         + ["--checkpoint_format=safetensors", f"--dataset.root={vqbet_pipeline / 'dataset'}"],
         out,
     )
@@ -239,22 +239,20 @@ def test_the_pipeline_trains_converts_and_evaluates_lerobots_vqbet(vqbet_pipelin
     log = (vqbet_pipeline / "logs/train.log").read_text()
     assert "Policy: vqbet (LeRobot's own, lerobot.policies.vqbet)" in log
     assert "Processes: 2 (gloo" in log
-    for step in ("000005", "000010"):
-        folder = vqbet_pipeline / f"converted/{step}/pretrained_model"
-        theirs = assert_lerobot_loads_it_strictly(folder, "vqbet", vqbet_pipeline / "dataset")
-        info = json.loads((vqbet_pipeline / f"eval/{step}/eval_info.json").read_text())
-        assert info["overall"]["n_episodes"] == 2
+    folder = vqbet_pipeline / "converted/000010/pretrained_model"
+    theirs = assert_lerobot_loads_it_strictly(folder, "vqbet", vqbet_pipeline / "dataset")
+    info = json.loads((vqbet_pipeline / "eval/000010/eval_info.json").read_text())
+    assert info["overall"]["n_episodes"] == 2
     assert_same_actions(folder, vqbet_pipeline / "dataset", theirs)
-    best = json.loads((vqbet_pipeline / "eval/best.json").read_text())
-    assert best["step"] in ("000005", "000010")
+    assert json.loads((vqbet_pipeline / "eval/best.json").read_text())["step"] == "000010"
 
 
 def test_vqbet_resumes_on_another_world_size(vqbet_resumed, vqbet_pipeline):
     run, log = vqbet_resumed
-    assert "(step 5)" in log and "Processes: 1" in log
-    step = json.loads((run / "checkpoints/000010/training_state/training_step.json").read_text())
-    assert step["step"] == 10
-    folder, root = pretrained(run, 10), vqbet_pipeline / "dataset"
+    assert "(step 10)" in log and "Processes: 1" in log
+    step = json.loads((run / "checkpoints/000015/training_state/training_step.json").read_text())
+    assert step["step"] == 15
+    folder, root = pretrained(run, 15), vqbet_pipeline / "dataset"
     theirs = assert_lerobot_loads_it_strictly(folder, "vqbet", root)
     assert_same_actions(folder, root, theirs)
 
@@ -295,7 +293,8 @@ def train_whose(argv: list[str]) -> str:
 def test_lerobots_act_by_flag_on_ddp_resumed_sharded(data, tmp_path):
     """LeRobot's ACT (``--policy.implementation=lerobot``) on DDP, 2 processes, bf16 autocast;
     its step-2 checkpoint resumed on HSDP, 4 processes (2 replicas of 2 shards, units named by
-    flag, fp32, DCP), converted; both final checkpoints LeRobot's, with LeRobot's actions."""
+    flag, bf16 parameters: LeRobot's code under autocast, DCP), converted; both final
+    checkpoints LeRobot's, with LeRobot's actions."""
     ddp, sharded = tmp_path / "ddp", tmp_path / "sharded"
     argv = [*ACT, *dataset(data["camera"]), "--steps=4", "--batch_size=4", "--save_freq=2"]
     argv += [*COMMON, "--accelerator.mixed_precision=bf16"]
@@ -313,7 +312,7 @@ def test_lerobots_act_by_flag_on_ddp_resumed_sharded(data, tmp_path):
         "--parallelism.dp_replicate=2",
         "--parallelism.dp_shard=2",
         '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer","ACTDecoderLayer"]',
-        "--accelerator.mixed_precision=no",
+        "--accelerator.mixed_precision=bf16",
         "--checkpoint_format=dcp",
     ]
     assert run_distributed(train_whose, 4, resume) == whose * 2
@@ -333,10 +332,24 @@ def test_lerobots_act_by_flag_on_ddp_resumed_sharded(data, tmp_path):
 
 
 def test_a_unit_whose_forward_never_runs_is_refused_by_name(data, tmp_path):
-    """vqbet's VQ-VAE runs through its methods, never its forward: FSDP2 could not gather it."""
+    """vqbet's VQ-VAE runs through its methods, never its forward: FSDP2 could not gather it.
+    lerobot-pipe validate (the pipeline's first job) refuses it before anything is launched (the
+    real model probed on the CPU), and so does the launch, before the first step."""
     out = tmp_path / "run"
     argv = [*VQBET, *dataset(data["pixels"]), "--steps=2", "--batch_size=2", *COMMON]
     argv += ["--parallelism.dp_shard=2", '--accelerator.fsdp.wrap_modules=["VqVae"]']
+    validate = [str(BIN / "lerobot-pipe"), "validate", "--nproc_per_node=2"]
+    refused = subprocess.run(
+        [*validate, *argv, f"--output_dir={out}"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 2, said[-3000:]
+    assert "vqbet.action_head.vqvae_model" in said and "--parallelism.dp_shard=1" in said, said
+    assert "Traceback" not in said and not out.exists()
     with pytest.raises(Exception) as err:  # noqa: PT011 - each rank's error, as run_distributed reports it
         run_distributed(run_train, 2, [*argv, f"--output_dir={out}"])
     log = str(err.value)

@@ -5,9 +5,12 @@ the FSDP2 units (LeRobot's classes, by name) and the checkpoint keys are LeRobot
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from lerobot_pipe.policies.lerobot_bridge.config import LeRobotPolicyConfig, config_class
@@ -54,13 +57,32 @@ class LeRobotPolicy(PreTrainedPolicy):
 
     def forward(self, batch: dict[str, Tensor], **kwargs: Any) -> tuple[Tensor, dict]:
         """LeRobot's forward: its loss (reduced as LeRobot's class reduces it) and its dict."""
-        return self.upstream.forward(batch, **kwargs)
+        with self._in_compute_dtype():
+            return self.upstream.forward(batch, **kwargs)
 
     def select_action(self, batch: dict[str, Tensor], **kwargs: Any) -> Tensor:
-        return self.upstream.select_action(batch, **kwargs)
+        with self._in_compute_dtype():
+            return self.upstream.select_action(batch, **kwargs)
 
     def predict_action_chunk(self, batch: dict[str, Tensor], **kwargs: Any) -> Tensor:
-        return self.upstream.predict_action_chunk(batch, **kwargs)
+        with self._in_compute_dtype():
+            return self.upstream.predict_action_chunk(batch, **kwargs)
+
+    @contextlib.contextmanager
+    def _in_compute_dtype(self) -> Iterator[None]:
+        """Under FSDP2 mixed precision (its parameters gathered in bf16 or fp16), LeRobot's code
+        runs under autocast to that dtype: LeRobot trains with autocast, never with low-precision
+        weights, and its code makes fp32 tensors of its own (ACT's zero latent in inference, an
+        observation the inference methods pass on uncast) that would meet bf16 weights.
+        Otherwise (fp32 parameters; DDP's bf16 is the trainer's own autocast) nothing changes."""
+        low = next(
+            (p for p in self.parameters() if p.dtype in (torch.bfloat16, torch.float16)), None
+        )
+        if low is None or torch.is_autocast_enabled(low.device.type):
+            yield
+            return
+        with torch.autocast(device_type=low.device.type, dtype=low.dtype):
+            yield
 
     def reset(self) -> None:
         self.upstream.reset()
