@@ -115,11 +115,19 @@ def test_publish_steps_best_publishes_the_best_checkpoint(default_run, hub_serve
     repo_id = "alice/tiny-act-best"
     hub = ["--config", f"hub_repo_id={repo_id}", f"hub_endpoint={hub_server.url}"]
     result = run.run_ok("--cores", "2", *CONFIG, override, *hub, env=hub_server.env())
-    assert result.jobs() == {"publish": 1, "checkpoint_table": 1, "all": 1}
+    # With segments (the default), after each checkpoint's evaluation the best so far too (here,
+    # every evaluation done, the final best each time: one commit, then none).
+    jobs = {"publish": 1, "publish_best_so_far": 3, "checkpoint_table": 1, "all": 1}
+    assert result.jobs() == jobs
     step = best(run)["step"]
     receipt = json.loads(run.path(f"{RUN}/published/{step}.json").read_text())
     assert receipt["repo_id"] == repo_id and receipt["revision"] == "main"
-    assert sorted(p.name for p in run.path(f"{RUN}/published").iterdir()) == [f"{step}.json"]
+    published = run.path(f"{RUN}/published")
+    files = sorted(p.name for p in published.iterdir() if not p.name.startswith("."))
+    assert files == [f"{step}.json", "best_so_far"]  # and the commit lock
+    so_far = [json.loads(p.read_text()) for p in sorted(published.glob("best_so_far/*.json"))]
+    assert [r["best_step"] for r in so_far] == [step] * 3
+    assert {r["commit_id"] for r in so_far} == {receipt["commit_id"]}
     weights = run.path(f"{RUN}/converted/{step}/{PRETRAINED_MODEL_DIR}/{MODEL_SAFETENSORS}")
     assert hub_server.read_file(repo_id, MODEL_SAFETENSORS) == weights.read_bytes()
     assert pins(run) == [f"{step}.best"]  # the publish pin went with the job

@@ -79,10 +79,10 @@ def flow_run(tmp_path_factory, hub_server_module) -> Workspace:  # noqa: F811
     def report():
         # The run's own --configfile, as its summary prints the command.
         args = command[command.index("--configfile") :]
+        workspace.report_was_final = workspace.path(f"{RUN}/final_checkpoint.json").exists()
         workspace.report_during_run = workspace.command(
             "lerobot-pipe", "report", f"--output={RUN}/report.html", *args
         )
-        workspace.report_was_final = workspace.path(f"{RUN}/final_checkpoint.json").exists()
 
     workspace.first_result = workspace.run_ok(
         *command, env=hub_server_module.env(), meanwhile=(_eval_info("000030"), report)

@@ -1,3 +1,7 @@
+# One commit at a time to the run's repository, whatever the executor's limits (flock).
+COMMIT_LOCK = f"{RESULTS}/published/.commit.lock"
+
+
 # One job per published step (publish.steps: the final one, all, or the best one evaluation
 # chose): the converted pretrained_model/ goes to the Hub repository hub_repo_id, the final
 # (with best: the best) step to the main revision, others as intermediate checkpoints. The
@@ -26,14 +30,16 @@ rule publish:
         endpoint=(
             f"--endpoint={config['hub_endpoint']}" if config["hub_endpoint"] else ""
         ),
+        lock=COMMIT_LOCK,
     shell:
         # lerobot-pipe publish writes the receipt atomically, after the commit. A failure's
-        # cause goes to the terminal too (its error lines, else the end of the log).
+        # cause goes to the terminal too (its error lines, else the end of the log). flock: one
+        # commit at a time also without the profiles' hub_commits limit (plain --cores N).
         """
         pin="--output_dir={params.train_dir} --step={wildcards.step} --reason=publish"
         lerobot-pipe pin $pin
         trap "lerobot-pipe unpin $pin" EXIT
-        lerobot-pipe publish --pretrained_dir={input} --repo_id={params.repo_id} \
+        flock {params.lock} lerobot-pipe publish --pretrained_dir={input} --repo_id={params.repo_id} \
             --step={wildcards.step} --intermediate={params.intermediate} \
             --private={params.private} {params.endpoint} \
             --receipt={output} >{log} 2>&1 || failed=1
@@ -67,9 +73,11 @@ rule publish_best_so_far:
         endpoint=(
             f"--endpoint={config['hub_endpoint']}" if config["hub_endpoint"] else ""
         ),
+        lock=COMMIT_LOCK,
     shell:
         """
-        lerobot-pipe publish-best --best={params.best} --converted_dir={params.converted_dir} \
+        flock {params.lock} lerobot-pipe publish-best --best={params.best} \
+            --converted_dir={params.converted_dir} \
             --repo_id={params.repo_id} --private={params.private} {params.endpoint} \
             --receipt={output} >{log} 2>&1 || failed=1
         if [ -n "${{failed:-}}" ]; then
