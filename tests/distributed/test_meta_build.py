@@ -130,25 +130,9 @@ def test_the_probe_on_the_meta_model_finds_what_the_real_one_finds(
 
 def _smolvla_flags(tmp_path) -> list[str]:
     pytest.importorskip("transformers", reason="SmolVLA needs transformers: lerobot_pipe[smolvla]")
-    from smolvla_tiny import build_tiny_smolvlm
+    from memory_runs import tiny_smolvla_flags
 
-    from lerobot_pipe.datasets import write_synthetic_dataset
-    from lerobot_pipe.policies.smolvla import SMOLVLA_TINY_PRESET
-
-    root = write_synthetic_dataset(
-        tmp_path / "ds", num_episodes=2, episode_length=10, cameras=["top"], image_size=32,
-        pixels_only=True, num_tasks=2,
-    )  # fmt: skip
-    flags = {
-        "policy.type": "smolvla",
-        "policy.vlm_model_name": str(build_tiny_smolvlm(tmp_path / "vlm")),
-        **{f"policy.{k}": v for k, v in SMOLVLA_TINY_PRESET.items()},
-        "policy.resize_imgs_with_padding": "[32,32]",
-        "dataset.root": str(root),
-        "steps": 2,
-        "num_workers": 0,
-    }
-    return [f"--{k}={v}" for k, v in flags.items()]
+    return [*tiny_smolvla_flags(tmp_path, num_episodes=2), "--steps=2", "--num_workers=0"]
 
 
 def test_materializing_holds_a_few_whole_tensors_not_the_model(dataset_root, tmp_path):

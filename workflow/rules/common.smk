@@ -188,6 +188,16 @@ def existing(pattern):
     return sorted(str(path) for path in Path().glob(pattern))
 
 
+def evaluations_now(wildcards):
+    """The eval_info.json files written so far (the *_now rules' params)."""
+    return existing(f"{EVAL_DIR}/*/eval_info.json")
+
+
+def best_now(wildcards):
+    """best.json, once an evaluation (or the best job) has written it."""
+    return BEST if Path(BEST).is_file() else None
+
+
 def now_report(name, caption, category, labels):
     """A report file of the *_now rules (report.smk): in REPORT_NOW, with the same report()
     entry as the finished run's, so that the report looks the same. Their params list what

@@ -118,8 +118,8 @@ use rule plot_eval as plot_eval_now with:
     log:
         f"{RESULTS}/logs/plot_eval_now.log",
     params:
-        evaluated=lambda wildcards: existing(f"{EVAL_DIR}/*/eval_info.json"),
-        best=lambda wildcards: BEST if Path(BEST).is_file() else None,
+        evaluated=evaluations_now,
+        best=best_now,
         run=RUN,
         env=config["eval"]["env"],
 
@@ -141,8 +141,8 @@ use rule checkpoint_table as checkpoint_table_now with:
             f"{RESULTS}/converted/*/{PRETRAINED_MODEL_DIR}"
         ),
         published=lambda wildcards: existing(f"{RESULTS}/published/*.json"),
-        evaluated=lambda wildcards: existing(f"{EVAL_DIR}/*/eval_info.json"),
-        best=lambda wildcards: BEST if Path(BEST).is_file() else None,
+        evaluated=evaluations_now,
+        best=best_now,
         evaluating=EVALUATING,
         train_dir=TRAIN_DIR,
         metrics=METRICS,
