@@ -10,7 +10,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from tiers import FAST_TIER, MODULE_CHECK, UNMARKED_UPSTREAM, UPSTREAM_FIXTURE  # noqa: E402
+from tiers import (  # noqa: E402
+    FAST_TIER,
+    MODULE_CHECK,
+    SHARED_RUNS,
+    UNMARKED_UPSTREAM,
+    UPSTREAM_FIXTURE,
+)
 
 
 def pytest_addoption(parser):
@@ -40,6 +46,36 @@ def pytest_collection_modifyitems(config, items):
         and item.get_closest_marker("interop") is None
     ]
     items.sort(key=lambda item: item.nodeid.endswith(MODULE_CHECK))
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "loadgroup":
+        _group_for_workers(items)
+
+
+def _group_for_workers(items) -> None:
+    """pytest-xdist's groups (``--dist loadgroup``): a module is one group, and the modules that
+    use one of SHARED_RUNS join one group, so that no module or shared fixture runs twice. The
+    groups go out longest first (by a rough cost: a test of tests/beside or SLURM, which wait on
+    a venv or a scheduler for minutes, 10; another slow one 1; the rest 0.05), so that no long one
+    starts last."""
+    parent = {}
+
+    def find(key):
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        for name in SHARED_RUNS:
+            if name in getattr(item, "fixturenames", ()):
+                parent[find(module)] = find(name)
+    weight: dict[str, float] = {}
+    for item in items:
+        group = find(item.nodeid.split("::")[0])
+        item.add_marker(pytest.mark.xdist_group(group))
+        marks = {m.name for m in item.iter_markers()}
+        cost = 10.0 if marks & {"beside", "slurm"} else 1.0 if marks & {"slow", "interop"} else 0.05
+        weight[group] = weight.get(group, 0.0) + cost
+    items.sort(key=lambda item: -weight[find(item.nodeid.split("::")[0])])
 
 
 @pytest.fixture(scope="session")

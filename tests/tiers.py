@@ -21,3 +21,17 @@ MODULE_CHECK = "test_fast_tier.py::test_every_module_is_imported_by_a_fast_test"
 UPSTREAM_FIXTURE = "upstream"
 # Where tests/conftest.py leaves the tests that use UPSTREAM_FIXTURE without the interop marker.
 UNMARKED_UPSTREAM = pytest.StashKey[list]()
+
+# Session fixtures that train or run a pipeline, each shared by several modules. Under pytest-xdist
+# (CI's rest tier: `-n 2 --dist loadgroup`) tests/conftest.py puts each module whole (its module
+# fixtures run once) on one worker, and the modules that share one of these on the same worker.
+SHARED_RUNS = (
+    "default_run",
+    "lerobot_ckpts",
+    "our_ckpts",
+    "lerobot_reads",
+    "lerobot_trains_ours",
+    "untrained_policy",
+    "_plain_template",
+    "_peft_template",
+)

@@ -7,8 +7,8 @@ Installed there, the Hub tests (tests/hub) pass on LeRobot's huggingface_hub 1.x
 they do on 2.x (httpx2) in our own venv, and LeRobot's own policies train on our trainer
 (test_lerobot_policies_here.py).
 
-CI runs this module in LeRobot's venv build step (``make test-beside``, .ci/run); it is marked
-interop (it runs LeRobot's venv) and beside (``pytest -m beside``)."""
+CI runs this module with the rest of the suite (.ci/run); it is marked interop (it runs
+LeRobot's venv) and beside (``pytest -m beside``, ``make test-beside``)."""
 
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def test_lerobots_own_policies_train_here(beside):
     run = run_tests_in(venv, REPO / "tests/beside/test_lerobot_policies_here.py", "--durations=8")
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "5 passed" in run.stdout, run.stdout[-3000:]
-    # Where the time went (shown with pytest -rP, as .ci/run runs make test-beside).
+    # Where the time went (shown with pytest -rP).
     print(run.stdout[run.stdout.find("slowest") :])
 
 
