@@ -63,19 +63,20 @@ def _group_for_workers(items) -> None:
             key = parent[key]
         return key
 
+    module = {item: item.nodeid.split("::")[0] for item in items}
     for item in items:
-        module = item.nodeid.split("::")[0]
         for name in SHARED_RUNS:
             if name in getattr(item, "fixturenames", ()):
-                parent[find(module)] = find(name)
+                parent[find(module[item])] = find(name)
+    group = {item: find(module[item]) for item in items}
     weight: dict[str, float] = {}
     for item in items:
-        group = find(item.nodeid.split("::")[0])
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(group[item]))
         marks = {m.name for m in item.iter_markers()}
         cost = 10.0 if marks & {"beside", "slurm"} else 1.0 if marks & {"slow", "interop"} else 0.05
-        weight[group] = weight.get(group, 0.0) + cost
-    items.sort(key=lambda item: -weight[find(item.nodeid.split("::")[0])])
+        weight[group[item]] = weight.get(group[item], 0.0) + cost
+    # The fast tier's module check stays last (pytest_collection_modifyitems put it there).
+    items.sort(key=lambda item: (item.nodeid.endswith(MODULE_CHECK), -weight[group[item]]))
 
 
 @pytest.fixture(scope="session")
