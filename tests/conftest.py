@@ -46,7 +46,9 @@ def pytest_collection_modifyitems(config, items):
         and item.get_closest_marker("interop") is None
     ]
     items.sort(key=lambda item: item.nodeid.endswith(MODULE_CHECK))
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "loadgroup":
+    # xdist's workers collect (and run this hook); it sets their `dist` to "no" and keeps
+    # `--dist loadgroup` as `config.option.loadgroup`.
+    if getattr(config.option, "loadgroup", False):
         _group_for_workers(items)
 
 
@@ -71,12 +73,26 @@ def _group_for_workers(items) -> None:
     group = {item: find(module[item]) for item in items}
     weight: dict[str, float] = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(group[item]))
+        _join_group(item, group[item])
         marks = {m.name for m in item.iter_markers()}
         cost = 10.0 if marks & {"beside", "slurm"} else 1.0 if marks & {"slow", "interop"} else 0.05
         weight[group[item]] = weight.get(group[item], 0.0) + cost
     # The fast tier's module check stays last (pytest_collection_modifyitems put it there).
     items.sort(key=lambda item: (item.nodeid.endswith(MODULE_CHECK), -weight[group[item]]))
+
+
+def _join_group(item, group: str) -> None:
+    """What an ``xdist_group`` mark does, done here: loadgroup's scheduler reads a test's group
+    from the ``@group`` suffix of its node id. pytest-xdist 3.8 writes that suffix to
+    ``item._nodeid``, which pytest 9.2's structured node ids no longer read, so the mark is
+    silently ignored there and every test is scheduled alone (pytest-xdist #1386)."""
+    suffixed = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):  # pytest >= 9.2: a NodeId
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(suffixed)
+    else:
+        item._nodeid = suffixed
 
 
 @pytest.fixture(scope="session")

@@ -89,8 +89,10 @@ def hub_client_settings(server: HubServer) -> Iterator[None]:
         for name, value in patched.items():
             setattr(constants, name, value)
         os.environ["HF_HUB_DISABLE_XET"] = "1"
+        _forget_transformers_client()
         yield
     finally:
+        _forget_transformers_client()
         for name in patched:
             if name in saved:
                 setattr(constants, name, saved[name])
@@ -100,6 +102,18 @@ def hub_client_settings(server: HubServer) -> Iterator[None]:
             os.environ.pop("HF_HUB_DISABLE_XET", None)
         else:
             os.environ["HF_HUB_DISABLE_XET"] = saved_env
+
+
+def _forget_transformers_client() -> None:
+    """transformers keeps one ``HfApi`` per process (``transformers.utils.hub.hf_api()``), its
+    endpoint fixed when first made: made during an earlier test, it would call that test's
+    stopped server, and a tokenizer load would wait ~45 s in huggingface_hub's retries before
+    falling back to the cache. Each server's tests start without it."""
+    import sys
+
+    hub = sys.modules.get("transformers.utils.hub")
+    if hub is not None and hasattr(hub, "_hf_api"):
+        hub._hf_api = None
 
 
 def make_hub_server_fixture(scope: str = "function", **server_kwargs: Any):
