@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+from module_coverage import (  # noqa: E402
+    imported_package_modules,
+    missing_message,
+    missing_modules,
+    whole_suite_collected,
+)
 from tiers import (  # noqa: E402
     FAST_TIER,
     MODULE_CHECK,
@@ -28,6 +35,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_ModulesAcrossWorkers(config), "modules-across-workers")
     tier = config.getoption("tier")
     if tier is None:
         return
@@ -50,6 +59,49 @@ def pytest_collection_modifyitems(config, items):
     # `--dist loadgroup` as `config.option.loadgroup`.
     if getattr(config.option, "loadgroup", False):
         _group_for_workers(items)
+
+
+class _ModulesAcrossWorkers:
+    """The fast tier's module check (tests/test_fast_tier.py) under pytest-xdist: each worker
+    imports what its own tests need, so each sends the controller its imported package modules
+    and test files, and the controller checks them together once the workers are done, failing
+    the session when a module is left. ``FAST_TIER_CHECK_ANY_SELECTION=1`` checks a partial
+    selection too (what tests/test_worker_groups.py uses to see it fail)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.imported: set[str] = set()
+        self.test_files: set[str] = set()
+        self.workers = 0
+
+    def pytest_sessionfinish(self, session):
+        config = self.config
+        if hasattr(config, "workeroutput"):
+            config.workeroutput["package_modules"] = sorted(imported_package_modules())
+            config.workeroutput["test_files"] = sorted({str(item.path) for item in session.items})
+            return
+        if not self.workers or config.getoption("tier") != "fast":
+            return
+        if not (whole_suite_collected(config) or os.environ.get("FAST_TIER_CHECK_ANY_SELECTION")):
+            return
+        missing = missing_modules(self.imported, {Path(p) for p in self.test_files})
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        reporter.ensure_newline()
+        if missing:
+            reporter.write_line(
+                f"FAILED (the fast tier's module check): {missing_message(missing)}", red=True
+            )
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        else:
+            reporter.write_line(
+                f"the fast tier imports or names every module of lerobot_pipe ({self.workers} workers)"
+            )
+
+    def pytest_testnodedown(self, node, error):
+        output = getattr(node, "workeroutput", {})
+        self.imported |= set(output.get("package_modules", ()))
+        self.test_files |= set(output.get("test_files", ()))
+        self.workers += "package_modules" in output
 
 
 def _group_for_workers(items) -> None:

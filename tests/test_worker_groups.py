@@ -1,6 +1,7 @@
 """CI's rest tier runs on two pytest-xdist workers (`-n 2 --dist loadgroup`): a module goes whole
 to one worker, and the modules that share one of tests/tiers.py's SHARED_RUNS go to the same one,
-so that no session or module fixture that trains runs once per worker (tests/conftest.py).
+so that no session or module fixture that trains runs once per worker (tests/conftest.py). The
+fast tier's module check (tests/test_fast_tier.py) gathers the imports of every worker.
 
 Checked with the real xdist on real modules of this suite: every test is skipped before its
 fixtures run, and each records the worker that got it."""
@@ -58,3 +59,26 @@ def test_a_module_and_the_modules_of_one_shared_run_go_to_one_worker(tmp_path):
     assert workers[SHARED[0]] == workers[SHARED[1]], workers
     tests = len(log.read_text().splitlines())
     assert tests > 10, tests
+
+
+def test_the_module_check_gathers_every_workers_imports_and_fails_naming_what_is_left():
+    """Two workers, a selection far too small to cover the package: the controller's check fails
+    the session naming the modules that no test of the selection imports or runs, and only those."""
+    env = {**os.environ, "FAST_TIER_CHECK_ANY_SELECTION": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "--tier=fast"]
+        + ["-p", "no:cacheprovider", "tests/configs/test_parser.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out[-3000:]
+    assert "passed" in out and " failed" not in out, out[-3000:]
+    check = out[out.index("FAILED (the fast tier's module check)") :]
+    assert "lerobot_pipe.scripts.train" in check, check
+    # Imported on a worker (by lerobot_pipe.configs.train), named by no code of the selection: the
+    # controller has it from that worker.
+    assert "lerobot_pipe.configs.checks" not in check, check

@@ -14,7 +14,8 @@ import pytest
 # runs released LeRobot (interop) or needs a SLURM cluster (slurm). `--tier=rest` is the other
 # tests, so that CI runs the whole suite once and still times the fast tier on its own.
 FAST_TIER = "not slow and not interop and not slurm"
-# Runs last in the fast tier: it reads what the tier's tests imported.
+# Runs last in the fast tier: it reads what the tier's tests imported (under pytest-xdist the
+# controller checks what every worker imported instead: tests/conftest.py).
 MODULE_CHECK = "test_fast_tier.py::test_every_module_is_imported_by_a_fast_test"
 # The fixture that runs released LeRobot's own code (tests/datasets/conftest.py,
 # tests/interop/conftest.py): a test that uses it must be marked interop.
