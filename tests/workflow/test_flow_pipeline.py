@@ -19,7 +19,7 @@ import pytest
 from conftest_hub import hub_server_module  # noqa: F401  (one Hub server for the flow run)
 from snakemake_runs import RUN, TRAIN_DIR, Workspace
 
-from lerobot_pipe.constants import CHECKPOINTS_DIR, ENV_FAULT_POINT, PINS_DIR
+from lerobot_pipe.constants import CHECKPOINTS_DIR, ENV_FAULT_POINT, ENV_FAULT_WAIT, PINS_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,10 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 def flow_run(tmp_path_factory, hub_server_module) -> Workspace:  # noqa: F811
     """The run, publishing the best so far to a local Hub (publish.steps: best); as soon as the
     first evaluation lands, `lerobot-pipe report` (make report's command) writes the report
-    while training goes on (workspace.report_during_run)."""
+    while training goes on (workspace.report_during_run). Training holds before saving its last
+    checkpoint until the first checkpoint is published (ENV_FAULT_WAIT), so that "while training
+    goes on" does not depend on how busy the machine is: were the downstream jobs to wait for
+    training, the hold would run out (10 minutes) and the tests below fail."""
     workspace = Workspace.fresh(tmp_path_factory.mktemp("flow") / "repo")
     command = _command(workspace, hub_server_module)
     workspace.flow_command, workspace.hub = command, hub_server_module
@@ -84,8 +87,10 @@ def flow_run(tmp_path_factory, hub_server_module) -> Workspace:  # noqa: F811
             "lerobot-pipe", "report", f"--output={RUN}/report.html", *args
         )
 
+    first_published = workspace.path(f"{RUN}/published/best_so_far/000030.json")
+    env = {**hub_server_module.env(), ENV_FAULT_WAIT: f"save:begin@90={first_published}"}
     workspace.first_result = workspace.run_ok(
-        *command, env=hub_server_module.env(), meanwhile=(_eval_info("000030"), report)
+        *command, env=env, meanwhile=(_eval_info("000030"), report)
     )
     return workspace
 
