@@ -33,6 +33,7 @@ from lerobot_pipe.distributed.batch_norm import convert_sync_batch_norm
 from lerobot_pipe.distributed.parallel_dims import ParallelDims
 from lerobot_pipe.distributed.runtime import DistEnv
 from lerobot_pipe.distributed.unit_probe import UNIT_ENTRY, has_unit_entry
+from lerobot_pipe.distributed.vocab_parallel import declares_vocab_parallel, shard_rows
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PRECISION_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -276,6 +277,8 @@ class ShardingPlan:
     mp_policy: MixedPrecisionPolicy  # the units' mixed-precision policy
     # modules the size policy would have made units but passed over: their forward is bypassed
     passed_over: tuple[str, ...] = ()
+    # embeddings sharded by rows and never gathered (lerobot_pipe/distributed/vocab_parallel.py)
+    vocab_parallel: tuple[str, ...] = ()
 
     def ignored_parameters(self, model: nn.Module) -> list[nn.Parameter]:
         """The parameters of the ignored modules (each once), whose gradients the loop averages."""
@@ -298,16 +301,40 @@ def plan_sharding(
     naming the flag when one cannot be."""
     passed_over: list[str] = []
     units = select_wrap_units(model, accelerator.fsdp, policy_wrap_modules, bypassed, passed_over)
+    ignored = ignored_module_names(model, accelerator.fsdp.ignored_modules)
+    vocab_parallel = vocab_parallel_modules(model, units, ignored)
+    if accelerator.fsdp.cpu_offload:
+        # Offloaded shards live on the host, the lookup's on the device: such an embedding is
+        # a unit of its own instead (gathered on its forward).
+        order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+        units += [(name, model.get_submodule(name)) for name in vocab_parallel]
+        units.sort(key=lambda unit: order[unit[0]])
+        vocab_parallel = []
     check_shared_parameters(model, units)
     mp_policy = mixed_precision_policy(accelerator)
-    ignored = ignored_module_names(model, accelerator.fsdp.ignored_modules)
-    check_unit_dtypes(model, units, mp_policy, ignored)
+    check_unit_dtypes(model, units, mp_policy, ignored + vocab_parallel)
     return ShardingPlan(
         wrap_units=tuple(name for name, _ in units),
         passed_over=tuple(passed_over),
         ignored_modules=tuple(ignored),
         mp_policy=mp_policy,
+        vocab_parallel=tuple(vocab_parallel),
     )
+
+
+def vocab_parallel_modules(
+    model: nn.Module, units: list[tuple[str, nn.Module]], ignored: list[str]
+) -> list[str]:
+    """The modules that declare themselves vocab-parallel (``fsdp_vocab_parallel``) and that
+    would otherwise sit in the root unit: no wrap unit covers them and they are not ignored."""
+    covering = [name for name, _ in units] + list(ignored)
+    return [
+        name
+        for name, module in model.named_modules()
+        if name
+        and declares_vocab_parallel(module)
+        and not any(name == c or name.startswith(c + ".") for c in covering)
+    ]
 
 
 def apply_fsdp(
@@ -331,6 +358,10 @@ def apply_fsdp(
     unit_policy = sharding.mp_policy
     if unit_policy.param_dtype is not None:
         keep_trainable_in_float32(model)
+    for name in sharding.vocab_parallel:  # sharded by rows here; FSDP2 leaves them alone
+        module = model.get_submodule(name)
+        ignored.add(shard_rows(module, mesh, env.device, unit_policy.param_dtype))
+    kwargs["ignored_params"] = ignored or None
     # Nested units (min_num_params) are sharded innermost first, as FSDP2 requires.
     for name in sorted(sharding.wrap_units, key=lambda unit: -unit.count(".")):
         unit = model.get_submodule(name)

@@ -6,7 +6,9 @@ The terms, per rank (the largest one: FSDP2 gives rank 0 the most rows):
 
 - parameters: FSDP2 keeps each parameter's dim-0 shard, ``ceil(rows / N)`` rows on every rank in
   a padded buffer (``FSDPParam``'s sharded data), in the dtype it is kept in (trainable ones in
-  float32 under mixed precision); ignored modules and unsharded runs hold them whole.
+  float32 under mixed precision); ignored modules and unsharded runs hold them whole; a
+  vocab-parallel embedding (``ROWS``) its rows, unpadded, never gathered, its gradient written in
+  its shard at the end of the backward.
 - gathered: the all-gathered (padded) parameters of the units FSDP2 has unsharded, in the compute
   dtype: the root unit from its forward to the end of the backward, the unit in flight and the
   prefetched next one, and every unit with ``reshard_after_forward=false``; a unit whose forward
@@ -57,6 +59,12 @@ ASSUMPTIONS = (
 )
 
 
+# The unit of a vocab-parallel embedding's weight (lerobot_pipe/distributed/vocab_parallel.py): a
+# DTensor of the rank's rows (no padding), never gathered; its gradient is written in the shard
+# at the end of the backward.
+ROWS = "(rows)"
+
+
 @dataclass(frozen=True)
 class Param:
     """One parameter as the run holds it."""
@@ -66,7 +74,9 @@ class Param:
     itemsize: int  # bytes per element as kept (float32 master weights under mixed precision)
     trainable: bool
     reached: bool  # the loss reaches it: it gets a gradient and optimizer state
-    unit: str | None  # its FSDP2 unit ('' the root), None: not sharded (ignored, or unsharded)
+    # its FSDP2 unit ('' the root; ROWS: sharded by rows, never gathered), None: not sharded
+    # (ignored, or unsharded)
+    unit: str | None
     saved: bool = False  # autograd saves it in the forward (autocast then saves its cast)
 
     @property
@@ -81,7 +91,8 @@ class Param:
         rows = self.shape[0]
         rest = self.numel // rows if rows else 0
         chunk = -(-rows // shards)
-        return chunk * rest, min(chunk, rows) * rest
+        largest = min(chunk, rows) * rest
+        return (largest if self.unit == ROWS else chunk * rest), largest
 
 
 @dataclass(frozen=True)
@@ -262,6 +273,7 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
         # Gradient accumulation: FSDP2 accumulates unsharded gradients while sync is off.
         accumulated = (
             sum(unsharded_grads(u, setup.reduce_itemsize) for u in ["", *order])
+            + sharded_grads(ROWS)
             if setup.accumulation > 1
             else 0
         )
@@ -388,7 +400,7 @@ def _walk_backward(
         + (done_grads if on_device else 0)
         + unsharded_grads("", compute)
         + unsharded_grads("", reduce)
-        + (sharded_grads("") if on_device else 0),
+        + (sharded_grads("") + sharded_grads(ROWS) if on_device else 0),
         optimizer=optim_dev,
         ema=ema_dev,
         gathered=root_gathered,

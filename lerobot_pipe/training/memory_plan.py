@@ -31,6 +31,7 @@ from lerobot_pipe.training.activation_probe import ActivationProfile, probe_acti
 from lerobot_pipe.training.memory_model import (
     ASSUMPTIONS,
     GIB,
+    ROWS,
     Activations,
     MemoryEstimate,
     Param,
@@ -220,6 +221,7 @@ def plan_for(
     compute = precision.param_dtype if precision is not None else mp
     reduce = (precision.reduce_dtype or compute) if precision is not None else None
     ignored = set(sharding.ignored_modules) if sharding is not None else set()
+    rows = set(sharding.vocab_parallel) if sharding is not None else set()
     n_params = sum(p.numel() for p in trainee.parameters())
     n_trainable = sum(p.numel() for p in trainee.parameters() if p.requires_grad)
     shapes = [
@@ -233,7 +235,9 @@ def plan_for(
             dtype = torch.float32  # FSDP2's master weights (parallelize.keep_trainable_in_float32)
         kept[_DTYPE_NAME.get(dtype, str(dtype).removeprefix("torch."))] += math.prod(shape)
         unit = None
-        if sharding is not None and not any(name.startswith(m + ".") for m in ignored):
+        if sharding is not None and any(name.startswith(m + ".") for m in rows):
+            unit = ROWS
+        elif sharding is not None and not any(name.startswith(m + ".") for m in ignored):
             unit = max((u for u in units if name.startswith(u + ".")), key=len, default="")
         params.append(
             Param(

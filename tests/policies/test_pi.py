@@ -213,6 +213,38 @@ def test_the_unit_probe_finds_no_bypassed_unit(kind):
         assert not [n for n in bypassed if type(modules[n]).__name__ in units], bypassed
 
 
+EMBEDDING = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens"
+
+
+@pytest.mark.parametrize(
+    ("fsdp", "where"),
+    [
+        ({}, "rows"),
+        ({"cpu_offload": True}, "unit"),
+        ({"wrap_modules": ["PiGemmaDecoderLayer", "PiTokenEmbedding"]}, "unit"),
+        ({"ignored_modules": "embed_tokens$"}, "ignored"),
+        ({"min_num_params": 100_000}, "unit"),  # the size policy makes the 16 M table a unit
+    ],
+    ids=["default", "cpu_offload", "wrap_modules", "ignored_modules", "min_num_params"],
+)
+def test_the_token_embedding_is_sharded_by_rows_unless_a_unit_or_a_flag_takes_it(fsdp, where):
+    """The sharding plan (decided before launch): the 257,152-row embedding is vocab-parallel
+    (distributed/vocab_parallel.py), never a unit and never left in the root, unless the flags
+    make it a unit (CPU offload, wrap_modules naming it, the size policy) or ignore it."""
+    from lerobot_pipe.configs.train import AcceleratorConfig, FSDPConfig
+    from lerobot_pipe.distributed.parallelize import plan_sharding
+
+    policy = tiny("pi0").to("meta")
+    accelerator = AcceleratorConfig(fsdp=FSDPConfig(**fsdp))
+    plan = plan_sharding(policy, accelerator, type(policy)._fsdp_wrap_modules)
+    placed = {
+        "rows": EMBEDDING in plan.vocab_parallel,
+        "unit": EMBEDDING in plan.wrap_units,
+        "ignored": EMBEDDING in plan.ignored_modules,
+    }
+    assert [k for k, v in placed.items() if v] == [where], plan
+
+
 def test_the_policys_gradient_checkpointing_gives_the_same_gradients():
     plain, checkpointed = tiny("pi05"), tiny("pi05", gradient_checkpointing=True)
     checkpointed.load_state_dict(plain.state_dict())

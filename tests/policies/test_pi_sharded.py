@@ -2,8 +2,9 @@
 geometry (49.8 M parameters, of which the three 257,152-row matrices are 49.4 M).
 
 The units are the policy's: every SigLIP encoder layer, every decoder layer of both Gemma stacks
-(the pair's joint attention runs inside both layers' unit entries: paligemma_expert.py), the token
-embedding and the two lm_heads, so that nothing large stays in the root unit. Shown here: FSDP2
+(the pair's joint attention runs inside both layers' unit entries: paligemma_expert.py) and the two
+lm_heads; the token embedding is vocab-parallel (sharded by rows, never gathered:
+lerobot_pipe/distributed/vocab_parallel.py), so that nothing large stays in the root unit. Shown here: FSDP2
 and HSDP train as one process (fp32, the same global batch, noise and flow times from the sample
 keys; losses within 1e-5) and act as one process (``predict_action_chunk`` and ``select_action``
 from fixed noise); every rank holds 1/N of the parameters, of the gradients and of the AdamW
@@ -24,6 +25,7 @@ import pytest
 import torch
 from pi_tiny import paligemma_tokenizer_cache
 from tiny import losses, run_on_topology, train_one_rank
+from torch.distributed.tensor import DTensor
 from vla_tools import gradients_of_one_batch
 
 from lerobot_pipe.policies.pi0 import PI_TINY_PRESET
@@ -102,6 +104,12 @@ def _inspect(session, env) -> dict:
         "param_bytes": (_local_bytes(params), sum(p.numel() * p.element_size() for p in params)),
         "dtypes": {n: p.dtype for n, p in trainee.named_parameters()},
         "meta": session.built_on_meta or session.eager_reason,
+        # the token embedding as vocab_parallel.py keeps it: a DTensor of rows, no FSDP2 unit
+        "embedding_by_rows": [
+            isinstance(m.weight, DTensor)
+            for m in trainee.modules()
+            if type(m).__name__ == "PiTokenEmbedding"
+        ],
     }
     policy = session.policy
     batch, noise = _inference_batch(policy.config)
@@ -214,14 +222,17 @@ def test_sharded_runs_build_on_the_meta_device_with_the_eager_values(sources, ki
 
 @pytest.mark.parametrize("kind, name", [r for r in RUNS if r[1] != "single"])
 def test_each_rank_holds_half_of_parameters_gradients_and_optimizer_state(sources, kind, name):
-    """Every unit (13: 2 vision layers, 4 + 4 decoder layers, the embedding, two lm_heads) is
-    split between the shard group's 2 ranks; the parameters, gradients and AdamW state a rank
-    holds are <= 1.1/2 of one process's."""
+    """Every unit (12: 2 vision layers, 4 + 4 decoder layers, two lm_heads) and the token
+    embedding (vocab-parallel: sharded by rows, no unit, never gathered) is split between the
+    shard group's 2 ranks; the parameters, gradients and AdamW state a rank holds are <= 1.1/2
+    of one process's."""
     (one,) = sources[kind, "single"][1]
     assert len(one["units"]) == 13, sorted(one["units"])
+    assert one["embedding_by_rows"] == [False]
     full_params = one["param_bytes"][1]
     assert one["param_bytes"][0] == full_params
     for rank in sources[kind, name][1]:
+        assert rank["embedding_by_rows"] == [True]
         assert rank["units"].keys() == one["units"].keys()
         for unit, (local, full) in rank["units"].items():
             assert full == one["units"][unit][1]

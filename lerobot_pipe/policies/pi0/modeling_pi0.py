@@ -216,12 +216,11 @@ class PiPolicyBase(FlowMatchingPolicy):
 
     config_class = PI0Config
     # The vision tower's layers, both stacks' decoder layers (their work runs through their
-    # unit entries, paligemma_expert.py), the token embedding and the two lm_heads: nothing
-    # large stays in the root unit.
+    # unit entries, paligemma_expert.py) and the two lm_heads; the token embedding is
+    # vocab-parallel (PiTokenEmbedding.fsdp_vocab_parallel): nothing large stays in the root unit.
     _fsdp_wrap_modules = [
         "SiglipEncoderLayer",
         "PiGemmaDecoderLayer",
-        "PiTokenEmbedding",
         "PiLMHead",
     ]
     _pi05 = False

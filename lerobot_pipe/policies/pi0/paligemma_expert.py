@@ -15,8 +15,9 @@ pair runs inside both its layers' *unit entries* instead (``layer.run_as_unit(fn
 lerobot_pipe/distributed/unit_probe.py): each decoder layer can be an FSDP2 unit gathered
 around the pair (with activation checkpointing: recomputed as one), and every parameter name is
 LeRobot 0.6.1's. The token embedding and the two ``lm_head``s have classes of their own
-(``PiTokenEmbedding``, ``PiLMHead``) so that they can be units too: the ``lm_head``s are never
-used (LeRobot keeps them in its checkpoints) and are frozen.
+(``PiTokenEmbedding``, ``PiLMHead``): the ``lm_head``s are units of their own, never used
+(LeRobot keeps them in its checkpoints) and frozen; the embedding is sharded by rows and never
+gathered (lerobot_pipe/distributed/vocab_parallel.py).
 
 Sampling computes the prefix once and keeps every layer's keys (after RoPE) and values; each
 denoising step runs the suffix through the expert alone against them.
@@ -163,7 +164,11 @@ class PiGemmaDecoderLayer(nn.Module):
 
 
 class PiTokenEmbedding(nn.Embedding):
-    """Gemma's token embedding, scaled by sqrt(width) (in the weight's dtype)."""
+    """Gemma's token embedding, scaled by sqrt(width) (in the rows' dtype: the weight's, or the
+    compute dtype of a sharded one). Under FSDP2 it is vocab-parallel
+    (lerobot_pipe/distributed/vocab_parallel.py): sharded by rows, never gathered."""
+
+    fsdp_vocab_parallel = True
 
     def __init__(self, vocab: int, width: int, padding_idx: int = 0) -> None:
         super().__init__(vocab, width, padding_idx)
@@ -174,9 +179,11 @@ class PiTokenEmbedding(nn.Embedding):
         self._fill_padding_idx_with_zero()
 
     def forward(self, tokens: Tensor) -> Tensor:
-        # The scale as a float32 tensor cast to the weight's dtype, as transformers' Gemma.
-        scale = torch.tensor(self.scale, device=self.weight.device).to(self.weight.dtype)
-        return super().forward(tokens) * scale
+        return self.finish_lookup(super().forward(tokens))
+
+    def finish_lookup(self, rows: Tensor) -> Tensor:
+        # The scale as a float32 tensor cast to the rows' dtype, as transformers' Gemma.
+        return rows * torch.tensor(self.scale, device=rows.device).to(rows.dtype)
 
 
 class PiLMHead(nn.Linear):
