@@ -34,6 +34,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 FLAG = "fsdp_vocab_parallel"  # the class attribute that declares a module vocab-parallel
+# torch 2.13 names them *_single (the *_tensor names warn); torch 2.11 has only the old ones.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def declares_vocab_parallel(module: nn.Module) -> bool:
@@ -71,7 +74,7 @@ def _longest(flat: Tensor, world: int, shard: dist.ProcessGroup) -> int:
         return flat.numel()
     counts = torch.tensor([flat.numel()], device=flat.device)
     every = torch.empty(world, dtype=counts.dtype, device=flat.device)
-    dist.all_gather_into_tensor(every, counts, group=shard)
+    _all_gather(every, counts, group=shard)
     return int(every.max())
 
 
@@ -85,7 +88,7 @@ class _Lookup(torch.autograd.Function):
         padded = torch.full((longest,), -1, dtype=flat.dtype, device=flat.device)
         padded[: flat.numel()] = flat
         every = torch.empty(world * longest, dtype=flat.dtype, device=flat.device)
-        dist.all_gather_into_tensor(every, padded, group=shard)
+        _all_gather(every, padded, group=shard)
         mine = (every >= lo) & (every < hi)
         local_ids = torch.where(mine, every - lo, torch.zeros_like(every))
         width = local_weight.shape[1]
@@ -95,7 +98,7 @@ class _Lookup(torch.autograd.Function):
         else:  # more ranks than chunks of rows: this one holds none
             found = torch.zeros(every.numel(), width, dtype=compute_dtype, device=every.device)
         out = torch.empty(longest, width, dtype=compute_dtype, device=found.device)
-        dist.reduce_scatter_tensor(out, found, group=shard)
+        _reduce_scatter(out, found, group=shard)
         ctx.save_for_backward(local_ids, mine)
         ctx.weight_meta = (local_weight.shape, local_weight.dtype, local_weight.device)
         ctx.sizes = (flat.numel(), longest)
@@ -115,7 +118,7 @@ class _Lookup(torch.autograd.Function):
         padded = grad.new_zeros(longest, shape[1])
         padded[:n] = grad
         every = grad.new_empty(world * longest, shape[1])
-        dist.all_gather_into_tensor(every, padded.contiguous(), group=shard)
+        _all_gather(every, padded.contiguous(), group=shard)
         # Other ranks' rows add zeros to row 0 (no data-dependent shapes: no sync on a GPU).
         every.masked_fill_(~mine[:, None], 0)
         grad_weight = torch.zeros(shape, dtype=dtype, device=device)
