@@ -282,6 +282,7 @@ def fake_case(kind: str, world: int, ac: bool, batch: int, reduced: bool) -> dic
                 loss, _ = model(inputs, noise=noise, time=time)
             loss.backward()
             backward_peak = dict(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])
+            first_held = _held_most(tracker) if world > 1 else 0
             optimizer.step()
             result = state_figures(model, optimizer)
             later_peak = None
@@ -296,6 +297,7 @@ def fake_case(kind: str, world: int, ac: bool, batch: int, reduced: bool) -> dic
                 loss, _ = model(inputs, noise=noise, time=time)
                 loss.backward()
                 later_peak = dict(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])
+    held = _held_most(tracker) if later_peak else first_held + result["optim_b"]
     peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     result.update(
         kind=kind,
@@ -315,9 +317,27 @@ def fake_case(kind: str, world: int, ac: bool, batch: int, reduced: bool) -> dic
         if later_peak
         else backward_peak["Total"] + unseen + result["optim_b"],
         later_peak_parts=_parts(later_peak) if later_peak else {},
+        # N > 1: the most parameters + gradients + optimizer state (with gathered units and
+        # collective buffers) over the tracker's snapshots around every unit's forward and
+        # backward; N = 1: the state
+        held_most_b=held + unseen if world > 1 else result["state_b"],
     )
     dist.destroy_process_group()
     return result
+
+
+def _held_most(tracker) -> int:
+    """The largest parameters + gradients + optimizer state (everything but activations and
+    autograd's temporaries) in the FSDP tracker's snapshots: before and after each unit's
+    pre/post-forward and pre/post-backward since its module stats were last reset."""
+    most = 0
+    for stats in tracker.memory_tracking.values():
+        for snapshots in getattr(stats, "snapshots", {}).values():
+            for snapshot in snapshots:
+                parts = _parts(snapshot.get(torch.device("cpu"), {}))
+                total = snapshot.get(torch.device("cpu"), {}).get("Total", 0)
+                most = max(most, total - parts.get("Activation", 0) - parts.get("Temp", 0))
+    return most
 
 
 def run_fake(kind: str, world: int, ac: bool, batch: int, reduced: bool = False) -> dict:
@@ -437,7 +457,7 @@ def report_fake(results: list[dict]) -> None:
     print(
         "\nreal size, fake tensors (MiB per rank): kind N batch AC | params grads AdamW state "
         "ratio target | first fwd+bwd peak ratio | step peak ratio | held at the peak (state, "
-        "gathered, buffers) ratio verdict | saved for backward"
+        "gathered, buffers) ratio verdict | held at most ratio verdict | saved for backward"
     )
     for r in results:
         ref = next(
@@ -457,12 +477,15 @@ def report_fake(results: list[dict]) -> None:
         ok = c.verdict(ratio <= target) if r["world"] > 1 and ref else "-"
         held_ratio = held_at_peak(r) / held_at_peak(ref) if ref else nan
         held_ok = c.verdict(held_ratio <= target) if r["world"] > 1 and ref else "-"
+        most_ratio = r["held_most_b"] / ref["state_b"] if ref else nan
+        most_ok = c.verdict(most_ratio <= target) if r["world"] > 1 and ref else "-"
         print(
             f"  {r['kind']:5s} {r['world']} {r['batch']} {'AC' if r['ac'] else '--'} | "
             f"{_mib(r['params_b'])} {_mib(r['grads_b'])} {_mib(r['optim_b'])} "
             f"{_mib(r['state_b'])} {ratio:.3f} {target:.3f} {ok} | "
             f"{_mib(r['backward_peak_b'])} {bwd_ratio:.3f} | {_mib(step_peak(r))} "
             f"{peak_ratio:.3f} | {_mib(held_at_peak(r))} {held_ratio:.3f} {held_ok} | "
+            f"{_mib(r['held_most_b'])} {most_ratio:.3f} {most_ok} | "
             f"{_mib(r['kept_b'])}",
             flush=True,
         )
