@@ -27,7 +27,7 @@ GPUS_GB = (24, 48, 80)
 WORLDS = (1, 2, 4, 8)
 # docs/benchmarks.md §3d, pi0.5 fp32 batch 1 (MiB per rank): state, and a step's peak measured
 # with FSDPMemTracker under fake tensors (N = 1: the first step's peak plus the AdamW state).
-MEASURED_PI05 = {1: (52983, 52986), 2: (26491, 27857), 4: (13246, 15722), 8: (6623, 10320)}
+MEASURED_PI05 = {1: (52983, 52986), 2: (26491, 27741), 4: (13246, 14850), 8: (6623, 9512)}
 MIB = 2**20
 GIB = 2**30
 

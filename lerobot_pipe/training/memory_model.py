@@ -16,7 +16,9 @@ The terms, per rank (the largest one: FSDP2 gives rank 0 the most rows):
   trainable parameters autocast caches in the forward, and of the frozen ones an op saves.
 - gradients: a sharded gradient of the rows each rank holds (unpadded) for every parameter the
   loss reaches; during a unit's backward its unsharded gradient (compute dtype) and the
-  reduce-scatter input (padded, reduce dtype) and output; under gradient accumulation the
+  reduce-scatter input (padded, reduce dtype) and output, that input kept through the next
+  unit's backward (FSDP2 frees it when the next reduce-scatter starts); under gradient
+  accumulation the
   unsharded gradients FSDP2 accumulates while gradient sync is off (reduce dtype, all of them,
   from the first micro-batch's backward to the synchronizing one). DDP: whole gradients, and its
   buckets beside them unless ``gradient_as_bucket_view`` (then they are one).
@@ -355,11 +357,20 @@ def _walk_backward(
     n = setup.dp_shard
     compute, reduce = setup.compute_itemsize, setup.reduce_itemsize
     done_grads = 0  # sharded gradients of the units already reduced
+    # FSDP2 keeps the last reduce-scatter's input until the next one starts (torch's
+    # reduce_scatter_max_input_buffers, 1): it overlaps the next unit's backward.
+    retained = 0
     worst = None
     for i in range(len(order) - 1, -1, -1):
         unit = order[i]
         pending = acts.root + sum(acts.units.get(u, 0) for u in order[: i + 1])
-        pending += acts.recompute.get(unit, 0)
+        # A checkpointed unit's recomputation lives through its backward, the backward of the
+        # units inside it (pi's MLPs) included.
+        pending += sum(
+            acts.recompute.get(u, 0)
+            for u in order[: i + 1]
+            if unit == u or unit.startswith(u + ".")
+        )
         nxt = gathered(order[i - 1]) if i > 0 else 0
         in_flight = gathered(unit) if setup.reshard_after_forward else 0
         unsharded = unsharded_grads(unit, compute)
@@ -375,12 +386,13 @@ def _walk_backward(
         # first, then copies the gradient into the reduce-scatter input and reduces it).
         computing = Breakdown(
             parameters=params_dev,
-            gradients=accumulated + done_dev + unsharded + (not_in_units if on_device else 0),
+            gradients=accumulated + done_dev + unsharded + retained
+            + (not_in_units if on_device else 0),
             optimizer=optim_dev,
             ema=ema_dev,
             gathered=root_gathered + in_flight + nxt + everything,
             activations=pending,
-        )
+        )  # fmt: skip
         reducing = Breakdown(
             parameters=params_dev,
             gradients=accumulated + grads_dev + unsharded + reduce_in + reduce_out
@@ -394,6 +406,7 @@ def _walk_backward(
             if worst is None or moment.total > worst.total:
                 worst = moment
         done_grads += sharded_grads(unit)
+        retained = reduce_in or retained
     root = Breakdown(
         parameters=params_dev,
         gradients=accumulated

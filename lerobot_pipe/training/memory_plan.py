@@ -275,14 +275,21 @@ def plan_for(
 
 
 def activations_at(profile: ActivationProfile, batch: int, checkpointed: set[str]) -> Activations:
-    """The probe's linear figures at ``batch``, with these units checkpointed."""
+    """The probe's linear figures at ``batch``, with these units checkpointed. A unit inside a
+    checkpointed one (pi's MLPs in their decoder layers) runs plainly within it
+    (activation_checkpointing.py): the outer one keeps its inputs only and recomputes both."""
+    outer = {u for u in checkpointed if not any(u.startswith(o + ".") for o in checkpointed)}
     kept, recompute = {}, {}
     for name, linear in profile.units.items():
-        if name in checkpointed:
-            kept[name] = profile.inputs[name].at(batch)
-            recompute[name] = linear.at(batch)
-        else:
+        owner = next((o for o in outer if name == o or name.startswith(o + ".")), None)
+        if owner is None:
             kept[name] = linear.at(batch)
+            continue
+        if owner == name:
+            kept[name] = profile.inputs[name].at(batch)
+        else:
+            kept[name] = 0
+        recompute[owner] = recompute.get(owner, 0) + linear.at(batch)
     return Activations(
         root=profile.root.at(batch), units=kept, recompute=recompute, order=profile.order
     )

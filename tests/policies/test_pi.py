@@ -245,6 +245,38 @@ def test_the_token_embedding_is_sharded_by_rows_unless_a_unit_or_a_flag_takes_it
     assert [k for k, v in placed.items() if v] == [where], plan
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_decoder_layer_and_its_mlp_are_units_and_nothing_large_stays_in_the_root(kind):
+    """The default plan: each SigLIP layer, each decoder layer of both stacks with its MLP as a
+    unit inside it (gathered only while the MLP runs), the two lm_heads; the embedding by rows.
+    What the root keeps is small (norms, projections, the action and time MLPs)."""
+    from lerobot_pipe.configs.train import AcceleratorConfig
+    from lerobot_pipe.distributed.parallelize import plan_sharding
+
+    policy = tiny(kind).to("meta")
+    plan = plan_sharding(policy, AcceleratorConfig(), type(policy)._fsdp_wrap_modules)
+    backbone = policy.model.paligemma_with_expert
+    stacks = {
+        "model.paligemma_with_expert.paligemma.model.language_model": backbone.language_model,
+        "model.paligemma_with_expert.gemma_expert.model": backbone.expert,
+    }
+    want = {
+        f"{prefix}.layers.{i}{part}"
+        for prefix, stack in stacks.items()
+        for i in range(len(stack.layers))
+        for part in ("", ".mlp")
+    }
+    assert want <= set(plan.wrap_units)
+    assert sum(u.endswith("lm_head") for u in plan.wrap_units) == 2
+    covered = plan.wrap_units + plan.vocab_parallel
+    root = [
+        n for n, _ in policy.named_parameters() if not any(n.startswith(u + ".") for u in covered)
+    ]
+    total = sum(p.numel() for p in policy.parameters())
+    in_root = sum(policy.get_parameter(n).numel() for n in root)
+    assert in_root < 0.05 * total, root
+
+
 def test_the_policys_gradient_checkpointing_gives_the_same_gradients():
     plain, checkpointed = tiny("pi05"), tiny("pi05", gradient_checkpointing=True)
     checkpointed.load_state_dict(plain.state_dict())

@@ -55,7 +55,13 @@ TOPOLOGIES = {
         ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"],
     ),
 }
-UNIT_CLASSES = ("SiglipEncoderLayer", "PiGemmaDecoderLayer", "PiTokenEmbedding", "PiLMHead")
+UNIT_CLASSES = (
+    "SiglipEncoderLayer",
+    "PiGemmaDecoderLayer",
+    "GemmaMLP",
+    "PiTokenEmbedding",
+    "PiLMHead",
+)
 LM_HEADS = (
     "model.paligemma_with_expert.paligemma.lm_head.weight",
     "model.paligemma_with_expert.gemma_expert.lm_head.weight",
@@ -222,12 +228,12 @@ def test_sharded_runs_build_on_the_meta_device_with_the_eager_values(sources, ki
 
 @pytest.mark.parametrize("kind, name", [r for r in RUNS if r[1] != "single"])
 def test_each_rank_holds_half_of_parameters_gradients_and_optimizer_state(sources, kind, name):
-    """Every unit (12: 2 vision layers, 4 + 4 decoder layers, two lm_heads) and the token
-    embedding (vocab-parallel: sharded by rows, no unit, never gathered) is split between the
-    shard group's 2 ranks; the parameters, gradients and AdamW state a rank holds are <= 1.1/2
+    """Every unit (20: 2 vision layers, 4 + 4 decoder layers and their MLPs, two lm_heads) and the
+    token embedding (vocab-parallel: sharded by rows, no unit, never gathered) is split between
+    the shard group's 2 ranks; the parameters, gradients and AdamW state a rank holds are <= 1.1/2
     of one process's."""
     (one,) = sources[kind, "single"][1]
-    assert len(one["units"]) == 13, sorted(one["units"])
+    assert len(one["units"]) == 21, sorted(one["units"])
     assert one["embedding_by_rows"] == [False]
     full_params = one["param_bytes"][1]
     assert one["param_bytes"][0] == full_params

@@ -216,11 +216,16 @@ class PiPolicyBase(FlowMatchingPolicy):
 
     config_class = PI0Config
     # The vision tower's layers, both stacks' decoder layers (their work runs through their
-    # unit entries, paligemma_expert.py) and the two lm_heads; the token embedding is
-    # vocab-parallel (PiTokenEmbedding.fsdp_vocab_parallel): nothing large stays in the root unit.
+    # unit entries, paligemma_expert.py), each decoder layer's MLP as a unit inside its layer's
+    # (Gemma 2B's is 403 of its layer's 440 MB in fp32: gathered only while it runs, so that
+    # FSDP2's in-flight buffers -- the unit computing, the next one prefetched, the last one's
+    # reduce-scatter input -- stay a fraction of a layer) and the two lm_heads; the token
+    # embedding is vocab-parallel (PiTokenEmbedding.fsdp_vocab_parallel): nothing large stays in
+    # the root unit.
     _fsdp_wrap_modules = [
         "SiglipEncoderLayer",
         "PiGemmaDecoderLayer",
+        "GemmaMLP",
         "PiLMHead",
     ]
     _pi05 = False
