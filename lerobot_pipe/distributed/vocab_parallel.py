@@ -67,24 +67,36 @@ def _groups(mesh: DeviceMesh) -> tuple[dist.ProcessGroup, dist.ProcessGroup | No
     return mesh.get_group(mesh.mesh_dim_names[-1]), mesh.get_group(mesh.mesh_dim_names[0])
 
 
-def _longest(flat: Tensor, world: int, shard: dist.ProcessGroup) -> int:
-    """The most ids any rank of the group looks up (ranks may hold different batches). Under fake
-    tensors (the memory benchmark: no values) every rank is taken to hold as many as this one."""
+def _longest(flat: Tensor, world: int, shard: dist.ProcessGroup, vocab: int) -> int:
+    """The most ids any rank of the group looks up (ranks may hold different batches). An id
+    outside the table on any rank raises IndexError on every rank of the group (as
+    ``nn.Embedding`` raises; told in the same all-gather, so that no rank waits on the others).
+    Under fake tensors (the memory benchmark: no values) every rank is taken to hold as many as
+    this one."""
     if isinstance(flat, FakeTensor):
         return flat.numel()
-    counts = torch.tensor([flat.numel()], device=flat.device)
-    every = torch.empty(world, dtype=counts.dtype, device=flat.device)
+    outside = ((flat < 0) | (flat >= vocab)).sum()
+    counts = torch.stack([torch.tensor(flat.numel(), device=flat.device), outside])
+    every = torch.empty(2 * world, dtype=counts.dtype, device=flat.device)
     _all_gather(every, counts, group=shard)
-    return int(every.max())
+    every = every.view(world, 2).tolist()
+    bad = [r for r, (_, n) in enumerate(every) if n]
+    if bad:
+        raise IndexError(
+            f"token ids outside the embedding's {vocab} rows on shard rank(s) "
+            f"{', '.join(map(str, bad))} ({sum(every[r][1] for r in bad)} of them): ids must be in "
+            f"[0, {vocab}) (the tokenizer's vocabulary is larger than the model's?)"
+        )
+    return max(n for n, _ in every)
 
 
 class _Lookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local_weight, ids, rows, compute_dtype, padding_idx, shard, replicate):
-        lo, hi = rows
+        lo, hi, vocab = rows
         world = dist.get_world_size(shard)
         flat = ids.reshape(-1)
-        longest = _longest(flat, world, shard)
+        longest = _longest(flat, world, shard, vocab)
         padded = torch.full((longest,), -1, dtype=flat.dtype, device=flat.device)
         padded[: flat.numel()] = flat
         every = torch.empty(world * longest, dtype=flat.dtype, device=flat.device)
@@ -124,7 +136,7 @@ class _Lookup(torch.autograd.Function):
         grad_weight = torch.zeros(shape, dtype=dtype, device=device)
         if shape[0]:
             grad_weight.index_add_(0, local_ids, every.to(dtype))
-        lo, hi = ctx.rows
+        lo, hi, _ = ctx.rows
         if ctx.padding_idx is not None and lo <= ctx.padding_idx < hi:
             grad_weight[ctx.padding_idx - lo] = 0
         grad_weight /= world
@@ -141,8 +153,9 @@ def lookup(module: nn.Embedding, ids: Tensor) -> Tensor:
     weight = module.weight
     local = weight.to_local()
     dtype = spec["compute_dtype"] or weight.dtype
+    rows = (*spec["rows"], weight.shape[0])
     return _Lookup.apply(
-        local, ids, spec["rows"], dtype, module.padding_idx, spec["shard"], spec["replicate"]
+        local, ids, rows, dtype, module.padding_idx, spec["shard"], spec["replicate"]
     )
 
 

@@ -110,3 +110,28 @@ def test_each_rank_gets_the_whole_tables_rows_and_its_rows_of_the_gradient(
         assert r["grad_is_dtensor"], r
         assert r["local_rows"] == r["grad_rows"] == rows[rank % shard], r
         assert r["full"], r
+
+
+def _rank_with_an_id_outside(vocab: int) -> str:
+    env = init_distributed()
+    try:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
+        module = Scaled(vocab, WIDTH, padding_idx=0)
+        shard_rows(module, mesh, env.device, None)
+        ids = _ids(dist.get_rank(), vocab)
+        if dist.get_rank() == 1:
+            ids[0, 1] = vocab  # one id past the table, on one rank only
+        try:
+            module(ids)
+        except IndexError as e:
+            return str(e)
+        return "no error"
+    finally:
+        destroy()
+
+
+def test_an_id_outside_the_table_on_one_rank_raises_on_every_rank():
+    """As nn.Embedding raises IndexError, and on every rank of the shard group (the others would
+    otherwise wait in the next collective): not zeros for the missing row."""
+    for message in run_distributed(_rank_with_an_id_outside, 2, 11):
+        assert "outside the embedding's 11 rows on shard rank(s) 1 (1 of them)" in message
