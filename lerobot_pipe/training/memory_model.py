@@ -18,9 +18,8 @@ The terms, per rank (the largest one: FSDP2 gives rank 0 the most rows):
   loss reaches; during a unit's backward its unsharded gradient (compute dtype) and the
   reduce-scatter input (padded, reduce dtype) and output, that input kept through the next
   unit's backward (FSDP2 frees it when the next reduce-scatter starts); under gradient
-  accumulation the
-  unsharded gradients FSDP2 accumulates while gradient sync is off (reduce dtype, all of them,
-  from the first micro-batch's backward to the synchronizing one). DDP: whole gradients, and its
+  accumulation the unsharded gradients FSDP2 accumulates while gradient sync is off (reduce
+  dtype, all of them, from the first micro-batch's backward to the synchronizing one). DDP: whole gradients, and its
   buckets beside them unless ``gradient_as_bucket_view`` (then they are one).
 - optimizer: Adam/AdamW ``exp_avg`` and ``exp_avg_sq`` (like each rank's unpadded rows) and a
   float32 ``step`` per parameter, SGD's momentum buffer; step temporaries: none for the fused
