@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_ModulesAcrossWorkers(config), "modules-across-workers")
+        if not hasattr(config, "workerinput"):  # the controller (or a run without -n)
+            config.pluginmanager.register(_WorkerLoad(), "time-per-worker")
     tier = config.getoption("tier")
     if tier is None:
         return
@@ -59,6 +62,38 @@ def pytest_collection_modifyitems(config, items):
     # `--dist loadgroup` as `config.option.loadgroup`.
     if getattr(config.option, "loadgroup", False):
         _group_for_workers(items)
+
+
+class _WorkerLoad:
+    """Under pytest-xdist, on the controller: each worker's busy seconds (its tests' setup, call
+    and teardown) and its groups in the order it ran them, printed at the end, so that the group
+    that ends a run last is seen (_group_for_workers orders them by a rough cost)."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.workers: dict[str, dict] = {}
+
+    def pytest_runtest_logreport(self, report):
+        node = getattr(report, "node", None)
+        if node is None:
+            return
+        nodeid = report.nodeid
+        group = nodeid.rsplit("@", 1)[1] if "@" in nodeid else nodeid.split("::")[0]
+        worker = self.workers.setdefault(node.gateway.id, {"groups": {}, "last": 0.0})
+        worker["groups"][group] = worker["groups"].get(group, 0.0) + report.duration
+        worker["last"] = time.monotonic() - self.start
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.workers:
+            return
+        terminalreporter.write_sep("-", "time per xdist worker (its groups in the order run)")
+        for name, worker in sorted(self.workers.items()):
+            groups = worker["groups"]
+            shown = ", ".join(f"{g} {t:.0f}" for g, t in groups.items() if t >= 20) or "none"
+            terminalreporter.write_line(
+                f"{name}: busy {sum(groups.values()):.0f} s, its last test ended "
+                f"{worker['last']:.0f} s after the start; groups of 20 s or more: {shown}"
+            )
 
 
 class _ModulesAcrossWorkers:

@@ -59,6 +59,9 @@ def test_a_module_and_the_modules_of_one_shared_run_go_to_one_worker(tmp_path):
     assert workers[SHARED[0]] == workers[SHARED[1]], workers
     tests = len(log.read_text().splitlines())
     assert tests > 10, tests
+    # The controller's account of each worker's time (tests/conftest.py's _WorkerLoad).
+    accounts = [line for line in run.stdout.splitlines() if line.startswith("gw")]
+    assert len(accounts) == 2 and all("busy" in line for line in accounts), run.stdout[-3000:]
 
 
 def test_the_module_check_gathers_every_workers_imports_and_fails_naming_what_is_left():
