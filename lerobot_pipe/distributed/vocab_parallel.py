@@ -92,8 +92,8 @@ def _longest(flat: Tensor, world: int, shard: dist.ProcessGroup, vocab: int) -> 
 
 class _Lookup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, local_weight, ids, rows, compute_dtype, padding_idx, shard, replicate):
-        lo, hi, vocab = rows
+    def forward(ctx, local_weight, ids, rows, vocab, compute_dtype, padding_idx, shard, replicate):
+        lo, hi = rows
         world = dist.get_world_size(shard)
         flat = ids.reshape(-1)
         longest = _longest(flat, world, shard, vocab)
@@ -136,14 +136,14 @@ class _Lookup(torch.autograd.Function):
         grad_weight = torch.zeros(shape, dtype=dtype, device=device)
         if shape[0]:
             grad_weight.index_add_(0, local_ids, every.to(dtype))
-        lo, hi, _ = ctx.rows
+        lo, hi = ctx.rows
         if ctx.padding_idx is not None and lo <= ctx.padding_idx < hi:
             grad_weight[ctx.padding_idx - lo] = 0
         grad_weight /= world
         if replicate is not None:
             dist.all_reduce(grad_weight, group=replicate)
             grad_weight /= dist.get_world_size(replicate)
-        return grad_weight, None, None, None, None, None, None
+        return grad_weight, None, None, None, None, None, None, None
 
 
 def lookup(module: nn.Embedding, ids: Tensor) -> Tensor:
@@ -153,9 +153,15 @@ def lookup(module: nn.Embedding, ids: Tensor) -> Tensor:
     weight = module.weight
     local = weight.to_local()
     dtype = spec["compute_dtype"] or weight.dtype
-    rows = (*spec["rows"], weight.shape[0])
     return _Lookup.apply(
-        local, ids, rows, dtype, module.padding_idx, spec["shard"], spec["replicate"]
+        local,
+        ids,
+        spec["rows"],
+        weight.shape[0],  # the whole table's rows
+        dtype,
+        module.padding_idx,
+        spec["shard"],
+        spec["replicate"],
     )
 
 

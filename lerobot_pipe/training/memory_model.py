@@ -19,8 +19,9 @@ The terms, per rank (the largest one: FSDP2 gives rank 0 the most rows):
   reduce-scatter input (padded, reduce dtype) and output, that input kept through the next
   unit's backward (FSDP2 frees it when the next reduce-scatter starts); under gradient
   accumulation the unsharded gradients FSDP2 accumulates while gradient sync is off (reduce
-  dtype, all of them, from the first micro-batch's backward to the synchronizing one). DDP: whole gradients, and its
-  buckets beside them unless ``gradient_as_bucket_view`` (then they are one).
+  dtype, all of them, from the first micro-batch's backward to the synchronizing one). DDP:
+  whole gradients, and its buckets beside them unless ``gradient_as_bucket_view`` (then they
+  are one).
 - optimizer: Adam/AdamW ``exp_avg`` and ``exp_avg_sq`` (like each rank's unpadded rows) and a
   float32 ``step`` per parameter, SGD's momentum buffer; step temporaries: none for the fused
   kernel, one parameter-sized set for ``foreach`` (its ``sqrt`` of ``exp_avg_sq``), the largest
@@ -64,6 +65,12 @@ ASSUMPTIONS = (
 # DTensor of the rank's rows (no padding), never gathered; its gradient is written in the shard
 # at the end of the backward.
 ROWS = "(rows)"
+
+
+def inside(name: str, unit: str) -> bool:
+    """Whether module (or parameter) ``name`` is ``unit`` or lies within it (units nest: pi's
+    MLP units inside their decoder layers'; "" is the root)."""
+    return name == unit or name.startswith(unit + ".")
 
 
 @dataclass(frozen=True)
@@ -365,11 +372,7 @@ def _walk_backward(
         pending = acts.root + sum(acts.units.get(u, 0) for u in order[: i + 1])
         # A checkpointed unit's recomputation lives through its backward, the backward of the
         # units inside it (pi's MLPs) included.
-        pending += sum(
-            acts.recompute.get(u, 0)
-            for u in order[: i + 1]
-            if unit == u or unit.startswith(u + ".")
-        )
+        pending += sum(acts.recompute.get(u, 0) for u in order[: i + 1] if inside(unit, u))
         nxt = gathered(order[i - 1]) if i > 0 else 0
         in_flight = gathered(unit) if setup.reshard_after_forward else 0
         unsharded = unsharded_grads(unit, compute)

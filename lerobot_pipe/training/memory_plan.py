@@ -37,6 +37,7 @@ from lerobot_pipe.training.memory_model import (
     Param,
     Setup,
     estimate,
+    inside,
 )
 
 if TYPE_CHECKING:
@@ -278,10 +279,10 @@ def activations_at(profile: ActivationProfile, batch: int, checkpointed: set[str
     """The probe's linear figures at ``batch``, with these units checkpointed. A unit inside a
     checkpointed one (pi's MLPs in their decoder layers) runs plainly within it
     (activation_checkpointing.py): the outer one keeps its inputs only and recomputes both."""
-    outer = {u for u in checkpointed if not any(u.startswith(o + ".") for o in checkpointed)}
+    outer = {u for u in checkpointed if not any(inside(u, o) for o in checkpointed - {u})}
     kept, recompute = {}, {}
     for name, linear in profile.units.items():
-        owner = next((o for o in outer if name == o or name.startswith(o + ".")), None)
+        owner = next((o for o in outer if inside(name, o)), None)
         if owner is None:
             kept[name] = linear.at(batch)
             continue
