@@ -49,8 +49,10 @@ BENCH_TORCH := torch==2.11.0 torchcodec==0.11.1
 # the CPU; no torchcodec, whose builds each pair with one torch: videos decode with PyAV) and runs
 # the tests marked torch_range in it (what torch's own internals decide: FSDP2 sharding, DTensor,
 # DCP save, resharding and conversion, async staging, mixed precision, the sharded EMA, the fused
-# optimizer, activation checkpointing), torch's version printed first. .ci/run runs it for the
-# oldest and the newest.
+# optimizer, activation checkpointing), torch's version printed first, less the cases marked
+# one_torch (a variant whose torch internals a sibling case runs there too: DDP's mixed precision
+# beside FSDP2's, a second source format of the same load path). .ci/run runs it for the oldest
+# and the newest.
 TORCH ?=
 PY311 ?= python3.11
 TORCH_RANGE_EXTRAS ?= pipeline,dev
@@ -86,6 +88,13 @@ venv: $(VENV)/.installed
 slurm-plugin: $(VENV)/.installed
 	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[slurm]'
 
+# The venvs below install with --no-compile, then compile their modules once, on every core
+# (pip compiles serially): where Python writes no .pyc files at import (PYTHONDONTWRITEBYTECODE=1,
+# as on the CI machine), a venv without them compiles every module it imports at each process
+# start: importing LeRobot's policy factory took ~24 s a process instead of ~9, and the interop
+# suite starts a hundred of them. A file that does not compile (a package's test data) is left.
+COMPILE_ALL = -m compileall -q -j 0
+
 $(LEROBOT_VENV)/.installed:
 	@test -n "$(PY312)" || { echo "lerobot-venv: no Python 3.12 (pyenv install 3.12.1)"; exit 1; }
 	test -x $(LEROBOT_VENV)/bin/python || $(PY312) -m venv $(LEROBOT_VENV)
@@ -93,6 +102,8 @@ $(LEROBOT_VENV)/.installed:
 	$(LEROBOT_VENV)/bin/python -m pip install --quiet --no-compile $(LEROBOT_061)
 	$(LEROBOT_VENV)/bin/python -m pip install --quiet --no-compile --no-deps --upgrade \
 		--target $(LEROBOT_VENV)/overlay-0.4.4 $(LEROBOT_044_OVERLAY)
+	$(LEROBOT_VENV)/bin/python $(COMPILE_ALL) $(LEROBOT_VENV)/lib $(LEROBOT_VENV)/overlay-0.4.4 \
+		>/dev/null || true
 	touch $@
 
 lerobot-venv: $(LEROBOT_VENV)/.installed
@@ -103,6 +114,7 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(BENCH_VENV)/bin/python -m pip install --quiet --no-compile $(BENCH_TORCH) -e '.[diffusion,smolvla]' \
 		$(COMMANDS)
+	$(BENCH_VENV)/bin/python $(COMPILE_ALL) $(BENCH_VENV)/lib >/dev/null || true
 	touch $@
 
 bench-venv: $(BENCH_VENV)/.installed
@@ -117,6 +129,7 @@ bench-venv: $(BENCH_VENV)/.installed
 		torch==$*
 	PIP_CONSTRAINT=/dev/null .venv-torch-$*/bin/python -m pip install --quiet --no-compile \
 		torch==$* -e '.[$(TORCH_RANGE_EXTRAS)]' $(COMMANDS)
+	.venv-torch-$*/bin/python $(COMPILE_ALL) .venv-torch-$*/lib >/dev/null || true
 	touch $@
 
 ifneq ($(TORCH),)
@@ -124,7 +137,7 @@ test-torch: .venv-torch-$(TORCH)/.installed
 	@start=$$(date +%s); .venv-torch-$(TORCH)/bin/python -c \
 	"import torch; print(f'make test-torch: torch {torch.__version__} ({torch.__file__})')"; \
 	PATH="$(abspath .venv-torch-$(TORCH))/bin:$$PATH" OMP_NUM_THREADS=1 \
-	.venv-torch-$(TORCH)/bin/pytest -m torch_range $(PYTEST_ARGS); status=$$?; \
+	.venv-torch-$(TORCH)/bin/pytest -m "torch_range and not one_torch" $(PYTEST_ARGS); status=$$?; \
 	echo "make test-torch: torch $(TORCH), $$(( $$(date +%s) - start )) s, exit status $$status"; \
 	exit $$status
 else

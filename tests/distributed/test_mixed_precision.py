@@ -19,8 +19,9 @@ pytestmark = pytest.mark.torch_range
     [
         pytest.param("bf16", ["--parallelism.dp_shard=2"], id="bf16-fsdp2", marks=pytest.mark.slow),
         pytest.param("fp16", ["--parallelism.dp_shard=2"], id="fp16-fsdp2", marks=pytest.mark.slow),
-        pytest.param("bf16", [], id="bf16-ddp"),
-        pytest.param("fp16", [], id="fp16-ddp"),
+        # DDP's autocast and scaler: the FSDP2 cases run them on the torch range's ends
+        pytest.param("bf16", [], id="bf16-ddp", marks=pytest.mark.one_torch),
+        pytest.param("fp16", [], id="fp16-ddp", marks=pytest.mark.one_torch),
     ],
 )
 def test_mixed_precision_trains_and_resumes(dataset_root, tmp_path, precision, parallel):

@@ -127,7 +127,11 @@ def _equal(a: dict, b: dict, what: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", list(TOPOLOGIES))
+@pytest.mark.parametrize(
+    "source",
+    # ddp2 saves what single saves (model.safetensors): the same load path on the range's ends
+    [pytest.param(s, marks=pytest.mark.one_torch) if s == "ddp2" else s for s in TOPOLOGIES],
+)
 def test_resharding_matrix(sources, source, tmp_path):
     src_out, _ = sources[source]
     step_dir = src_out / "checkpoints" / f"{K:06d}"

@@ -148,6 +148,7 @@ def test_acts_declared_units_all_run(dataset_root, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.one_torch  # the choice is ours (the probe's test above runs on the range's ends)
 def test_diffusion_with_min_num_params_trains_on_two_ranks(diffusion_camera_root, tmp_path):
     """Issue #20's command: a size policy that once chose diffusion_step_encoder, whose forward
     the U-Net bypasses, and crashed with "got mixed torch.Tensor and DTensor"."""
