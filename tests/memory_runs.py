@@ -74,9 +74,9 @@ def measure_all(configs: dict[str, list[str]]) -> dict[str, dict]:
 class LiveStorages:
     """Bytes of the storages the ops run inside it create and that are still alive: each op's
     outputs seen through a dispatch mode, a storage counted once from its creation until it is
-    freed (a weak reference's finalizer). Storages that existed before (parameters, buffers, the
-    batch) are left out. Another instrument than the planner's saved-tensor hooks: it sees
-    memory, not autograd's bookkeeping."""
+    freed (a weak reference's finalizer); ``peak``: the largest sum at any moment. Storages that
+    existed before (parameters, buffers, the batch) are left out. Another instrument than the
+    planner's saved-tensor hooks: it sees memory, not autograd's bookkeeping."""
 
     def __init__(self, existing=()):
         import weakref
@@ -86,27 +86,29 @@ class LiveStorages:
         from torch.utils._pytree import tree_flatten
 
         self.live: dict[int, int] = {}
+        self.bytes = self.peak = 0
         skip = {t.untyped_storage().data_ptr() for t in existing}
-        live = self.live
+        live, tracker = self.live, self
+
+        def release(key):
+            tracker.bytes -= live.pop(key, 0)
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 for t in tree_flatten(out)[0]:
-                    if not isinstance(t, torch.Tensor):
+                    if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                         continue
                     storage = t.untyped_storage()
                     key = storage.data_ptr()
                     if key and key not in skip and key not in live:
                         live[key] = storage.nbytes()
-                        weakref.finalize(storage, live.pop, key, None)
+                        tracker.bytes += live[key]
+                        tracker.peak = max(tracker.peak, tracker.bytes)
+                        weakref.finalize(storage, release, key)
                 return out
 
         self.mode = Mode()
-
-    @property
-    def bytes(self) -> int:
-        return sum(self.live.values())
 
 
 def saved_by_a_real_forward(plan, batch_size: int) -> int:
@@ -134,6 +136,23 @@ def saved_by_a_real_forward(plan, batch_size: int) -> int:
     with tracker.mode:
         out = trainee(batch)  # noqa: F841 - its graph holds what was saved
     return tracker.bytes
+
+
+def peak_of_a_cpu_run(argv: list[str]) -> int:
+    """The most bytes of storages alive at once over a real run of ``argv`` (lerobot-train's
+    library path, one process, on the CPU): everything it creates, counted from creation to
+    release, as a caching allocator would be asked for them (bench/gpu_memory_check.py's
+    rehearsal of its GPU comparison, and the planner's whole-step test)."""
+    import gc
+
+    from lerobot_pipe.training.preflight import make_plan
+    from lerobot_pipe.training.train import train
+
+    gc.collect()
+    tracker = LiveStorages()
+    with tracker.mode:
+        train(make_plan(argv, 1))
+    return tracker.peak
 
 
 def tiny_smolvla_flags(tmp, num_episodes: int) -> list[str]:
