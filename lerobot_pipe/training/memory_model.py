@@ -34,9 +34,9 @@ The terms, per rank (the largest one: FSDP2 gives rank 0 the most rows):
   assumption stated in every plan.
 
 The phases: the end of the forward (activations all saved), the backward (walked unit by unit in
-reverse: the activations of the units not yet back-propagated, the gradients already reduced,
-the unit's in-flight buffers), and the optimizer step (no activations, every gradient). The
-peak is the largest phase, not the sum of the terms. With CPU offload the parameters, sharded
+reverse, sharded or not: the activations of the units not yet back-propagated, the gradients
+already written or reduced, the unit's in-flight buffers), and the optimizer step (no
+activations, every gradient). The peak is the largest phase, not the sum of the terms. With CPU offload the parameters, sharded
 gradients, optimizer state and EMA live in host memory (``host_bytes``, per node).
 """
 
@@ -86,6 +86,9 @@ class Param:
     # (ignored, or unsharded)
     unit: str | None
     saved: bool = False  # autograd saves it in the forward (autocast then saves its cast)
+    # the innermost declared unit it lies in ('' none), sharded or not: where the backward walk
+    # writes its gradient
+    owner: str = ""
 
     @property
     def numel(self) -> int:
@@ -320,8 +323,11 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
             gathered=cast,
             activations=acts.saved,
         )
-        # The gradients are written while the saved tensors are freed: the worse of the
-        # backward's start (every activation, the largest recomputation) and its end (every
+        # The gradients are written while the saved tensors are freed, unit by unit in reverse:
+        # the backward's start (every activation, the largest recomputation), each unit's
+        # backward (its gradients and those of the units after it written, the activations of
+        # the units before it and its own still held: a camera backbone that runs first keeps
+        # its activations while the rest's gradients are written), and its end (every
         # gradient, the root's tensors; autocast's casts freed with the graph). Accumulated
         # gradients are there throughout.
         start = acts.saved + max(acts.recompute.values(), default=0)
@@ -333,10 +339,32 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
             gathered=cast,
             activations=start,
         )
-        backward = max(
-            (held, replace(held, gradients=grads, gathered=0, activations=acts.root)),
-            key=lambda b: b.total,
-        )
+        moments = [held, replace(held, gradients=grads, gathered=0, activations=acts.root)]
+        per_unit: dict[str, int] = {}  # gradient bytes
+        casts: dict[str, int] = {}  # autocast's copies, freed with the unit's saved tensors
+        for p in params:
+            if p.trainable and p.reached and p.owner:
+                per_unit[p.owner] = per_unit.get(p.owner, 0) + p.numel * p.itemsize
+            if setup.autocast and compute and (p.trainable or p.saved):
+                casts[p.owner] = casts.get(p.owner, 0) + p.numel * compute
+        buckets = 2 if state.ddp_buckets else 1  # DDP copies each gradient into its bucket
+        order = [u for u in acts.order if u]
+        written = 0
+        for i in range(len(order) - 1, -1, -1):
+            unit = order[i]
+            written += per_unit.get(unit, 0) * buckets
+            pending = acts.root + sum(acts.units.get(u, 0) for u in order[: i + 1])
+            pending += sum(acts.recompute.get(u, 0) for u in order[: i + 1] if inside(unit, u))
+            cast_held = casts.get("", 0) + sum(casts.get(u, 0) for u in order[: i + 1])
+            moments.append(
+                replace(
+                    held,
+                    gradients=max(kept_grads, written),
+                    gathered=min(cast, cast_held),
+                    activations=pending,
+                )
+            )
+        backward = max(moments, key=lambda b: b.total)
         optimizer = Breakdown(
             parameters=state.parameters,
             gradients=grads,

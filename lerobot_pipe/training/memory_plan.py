@@ -235,11 +235,12 @@ def plan_for(
         if sharding is not None and compute is not None and trainable and dtype.is_floating_point:
             dtype = torch.float32  # FSDP2's master weights (parallelize.keep_trainable_in_float32)
         kept[_DTYPE_NAME.get(dtype, str(dtype).removeprefix("torch."))] += math.prod(shape)
+        owner = max((u for u in units if inside(name, u)), key=len, default="")
         unit = None
         if sharding is not None and any(inside(name, m) for m in rows):
             unit = ROWS
         elif sharding is not None and not any(inside(name, m) for m in ignored):
-            unit = max((u for u in units if inside(name, u)), key=len, default="")
+            unit = owner
         params.append(
             Param(
                 name=name,
@@ -249,6 +250,7 @@ def plan_for(
                 reached=name in profile.reached,
                 unit=unit,
                 saved=name in profile.saved_parameters,
+                owner=owner,
             )
         )
     checkpointing = accelerator.activation_checkpointing.mode == "full"
