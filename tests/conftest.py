@@ -21,6 +21,7 @@ from module_coverage import (  # noqa: E402
 from tiers import (  # noqa: E402
     FAST_TIER,
     MODULE_CHECK,
+    ONE_TORCH_ALONE,
     SHARED_RUNS,
     UNMARKED_UPSTREAM,
     UPSTREAM_FIXTURE,
@@ -56,6 +57,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items
         if UPSTREAM_FIXTURE in getattr(item, "fixturenames", ())
         and item.get_closest_marker("interop") is None
+    ]
+    config.stash[ONE_TORCH_ALONE] = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("one_torch") and not item.get_closest_marker("torch_range")
     ]
     items.sort(key=lambda item: item.nodeid.endswith(MODULE_CHECK))
     # xdist's workers collect (and run this hook); it sets their `dist` to "no" and keeps

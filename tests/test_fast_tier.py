@@ -17,7 +17,7 @@ from module_coverage import (
     missing_modules,
     whole_suite_collected,
 )
-from tiers import UNMARKED_UPSTREAM, UPSTREAM_FIXTURE
+from tiers import ONE_TORCH_ALONE, UNMARKED_UPSTREAM, UPSTREAM_FIXTURE
 
 
 def test_every_module_is_imported_by_a_fast_test(request):
@@ -46,3 +46,12 @@ def test_every_test_of_released_lerobot_says_it_is_interop(request):
         f"{', '.join(unmarked)} use the {UPSTREAM_FIXTURE!r} fixture without the interop marker: "
         "add @pytest.mark.interop (or the module's pytestmark)"
     )
+
+
+def test_one_torch_marks_only_torch_range_cases(request):
+    """``one_torch`` leaves a torch_range case to the pinned torch (`make test-torch` deselects
+    it on the range's ends); on any other test it would say something that nothing does."""
+    if not whole_suite_collected(request.config):
+        pytest.skip("checks a collection of the whole of tests/ (make test, make test-fast)")
+    alone = request.config.stash[ONE_TORCH_ALONE]
+    assert not alone, f"{', '.join(alone)}: one_torch without torch_range"

@@ -22,6 +22,9 @@ MODULE_CHECK = "test_fast_tier.py::test_every_module_is_imported_by_a_fast_test"
 UPSTREAM_FIXTURE = "upstream"
 # Where tests/conftest.py leaves the tests that use UPSTREAM_FIXTURE without the interop marker.
 UNMARKED_UPSTREAM = pytest.StashKey[list]()
+# Where tests/conftest.py leaves the tests marked one_torch without torch_range (the mark then
+# means nothing: only `make test-torch` reads it).
+ONE_TORCH_ALONE = pytest.StashKey[list]()
 
 # Session fixtures that train or run a pipeline, each shared by several modules. Under pytest-xdist
 # (CI's rest tier: `-n 2 --dist loadgroup`) tests/conftest.py puts each module whole (its module
