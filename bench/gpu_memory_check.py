@@ -4,7 +4,7 @@
     make gpu-check                             # with bench/gpu_smoke.py, in the project's venv
     python bench/gpu_memory_check.py           # on a machine with one CUDA GPU
     python bench/gpu_memory_check.py --dry-run # anywhere: writes the dataset, prints each plan
-    python bench/gpu_memory_check.py --cpu-rehearsal  # the same runs on the CPU (~3 min, 2 cores)
+    python bench/gpu_memory_check.py --cpu-rehearsal  # the same runs on the CPU (~2 min, 2 cores)
 
 For each configuration (ACT at LeRobot's default size and Diffusion Policy with a camera, fp32
 and bf16, batch 8 and 32) it plans the run with ``lerobot_pipe.training.memory_plan.plan_memory``
@@ -14,11 +14,11 @@ which stands for what the caching allocator does not hand out: CUDA context, NCC
 largest memory the allocator handed out. Each line: the configuration, planned GiB, measured GiB,
 their ratio, PASS/MISS. Exits non-zero on any MISS.
 
-``--cpu-rehearsal`` runs the same configurations for real on the CPU, measured by what the
+``--cpu-rehearsal`` runs the same configurations for real on the CPU, measured by what an
 allocator would be asked for: every storage the run's ops create, counted from its creation to
-its release, the largest sum over the run (tests/memory_runs.py's ``peak_of_a_cpu_run``: a dispatch
-mode with weak-reference finalizers, the instrument the planner's activation tests use). It
-tests this script's own path (eight trainings in one process, the flags, the comparison) and the
+its release, the largest sum over the run (tests/memory_runs.py's ``peak_of_a_cpu_run``: a
+dispatch mode with weak-reference finalizers, the instrument of the planner's tests). It tests
+this script's own path (eight trainings in one process, the flags, the comparison) and the
 plan's whole step without a GPU; it counts a little the GPU would not (the CPU side of the data
 loading) and none of what only a GPU has (cuBLAS / cuDNN workspaces, the allocator's 512-byte
 rounding).
