@@ -140,10 +140,12 @@ def saved_by_a_real_forward(plan, batch_size: int) -> int:
 
 def peak_of_a_cpu_run(argv: list[str]) -> int:
     """The most bytes of storages alive at once over a real run of ``argv`` (lerobot-train's
-    library path, one process, on the CPU): everything it creates, counted from creation to
-    release, as a caching allocator would be asked for them (bench/gpu_memory_check.py's
-    rehearsal of its GPU comparison, and the planner's whole-step test)."""
+    library path, on the CPU: one process, or this rank of run_distributed's): everything it
+    creates, counted from creation to release, as a caching allocator would be asked for them
+    (bench/gpu_memory_check.py's rehearsal of its GPU comparison, the planner's whole-step
+    test)."""
     import gc
+    import os
 
     from lerobot_pipe.training.preflight import make_plan
     from lerobot_pipe.training.train import train
@@ -151,7 +153,7 @@ def peak_of_a_cpu_run(argv: list[str]) -> int:
     gc.collect()
     tracker = LiveStorages()
     with tracker.mode:
-        train(make_plan(argv, 1))
+        train(make_plan(argv, int(os.environ.get("WORLD_SIZE", "1")), os.environ))
     return tracker.peak
 
 

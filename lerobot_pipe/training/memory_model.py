@@ -21,7 +21,7 @@ The terms, per rank (the largest one: FSDP2 gives rank 0 the most rows):
   accumulation the unsharded gradients FSDP2 accumulates while gradient sync is off (reduce
   dtype, all of them, from the first micro-batch's backward to the synchronizing one). DDP:
   whole gradients, and its buckets beside them unless ``gradient_as_bucket_view`` (then they
-  are one).
+  are one); the buckets are allocated when DDP wraps the model and held from the forward on.
 - optimizer: Adam/AdamW ``exp_avg`` and ``exp_avg_sq`` (like each rank's unpadded rows) and a
   float32 ``step`` per parameter, SGD's momentum buffer; step temporaries: none for the fused
   kernel, one parameter-sized set for ``foreach`` (its ``sqrt`` of ``exp_avg_sq``), the largest
@@ -312,9 +312,14 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
             if setup.autocast and compute
             else 0
         )
-        grads = state.gradients + state.ddp_buckets
+        # DDP allocates its buckets when it wraps the model (again when it rebuilds them at the
+        # second step) and keeps them: with gradient_as_bucket_view the gradients are views of
+        # them, there from the first forward on; without, the gradients are written beside them.
+        ddp_view = setup.world_size > 1 and setup.bucket_view
+        always = state.gradients if ddp_view else state.ddp_buckets
+        grads = always + (0 if ddp_view else state.gradients)
         # Accumulated gradients persist across micro-batches (DDP's no_sync keeps them whole).
-        kept_grads = grads if setup.accumulation > 1 else 0
+        kept_grads = grads if setup.accumulation > 1 else always
         forward = Breakdown(
             parameters=state.parameters,
             gradients=kept_grads,
@@ -347,12 +352,11 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
                 per_unit[p.owner] = per_unit.get(p.owner, 0) + p.numel * p.itemsize
             if setup.autocast and compute and (p.trainable or p.saved):
                 casts[p.owner] = casts.get(p.owner, 0) + p.numel * compute
-        buckets = 2 if state.ddp_buckets else 1  # DDP copies each gradient into its bucket
         order = [u for u in acts.order if u]
-        written = 0
+        written = always  # the gradients written so far (DDP's buckets: all along)
         for i in range(len(order) - 1, -1, -1):
             unit = order[i]
-            written += per_unit.get(unit, 0) * buckets
+            written += 0 if ddp_view else per_unit.get(unit, 0)
             pending = acts.root + sum(acts.units.get(u, 0) for u in order[: i + 1])
             pending += sum(acts.recompute.get(u, 0) for u in order[: i + 1] if inside(unit, u))
             cast_held = casts.get("", 0) + sum(casts.get(u, 0) for u in order[: i + 1])

@@ -143,19 +143,30 @@ def test_activations_within_15_percent_of_a_real_forward(label, request, tmp_pat
 
 
 @pytest.mark.parametrize(
-    ("kind", "precision", "batch"),
-    [("act", "no", 8), ("act", "bf16", 32), ("diffusion", "no", 32), ("diffusion", "bf16", 8)],
+    ("kind", "precision", "batch", "world"),
+    [
+        ("act", "no", 8, 1),
+        ("act", "bf16", 32, 1),
+        ("diffusion", "no", 32, 1),
+        ("diffusion", "bf16", 8, 1),
+        ("act", "no", 8, 2),
+        ("diffusion", "no", 64, 2),
+    ],
 )
-def test_a_whole_steps_plan_within_10_percent_of_a_real_runs_peak(
-    kind, precision, batch, request, tmp_path
+def test_a_whole_steps_plan_within_8_percent_of_a_real_runs_peak(
+    kind, precision, batch, world, request, tmp_path
 ):
     """The plan's counted peak (its total less the allowance) against the most bytes a real
-    3-step run held at once on the CPU (every storage it created, from creation to release):
-    bench/gpu_memory_check.py's comparison, here at the tiny sizes (its rehearsal runs
-    LeRobot's default sizes). Its band is 15 %; here, with nothing a GPU adds, 10 % (measured:
-    0.99-1.04). Diffusion's camera backbone runs first and is back-propagated last: its
+    3-step run held at once on the CPU (every storage it created, from creation to release; the
+    larger rank of 2 under DDP): bench/gpu_memory_check.py's comparison, here at the tiny sizes
+    (its rehearsal runs LeRobot's default sizes). Its band is 15 %; here, with nothing a GPU
+    adds and the same allocations at every run, 8 % (measured: 0.99-1.04 in one process,
+    0.95-0.99 with DDP). Diffusion's camera backbone runs first and is back-propagated last: its
     activations are still held while the U-Net's gradients are written (a plan that wrote every
-    gradient only at the backward's end said 0.86 at batch 32)."""
+    gradient only at the backward's end said 0.86 at batch 32); DDP's buckets, which hold the
+    gradients, are allocated when it wraps the model (a plan without them said 0.91)."""
+    from launch import run_distributed
+
     from lerobot_pipe.training.memory_plan import plan_memory
 
     if kind == "act":
@@ -165,11 +176,15 @@ def test_a_whole_steps_plan_within_10_percent_of_a_real_runs_peak(
             **{"dataset.root": request.getfixturevalue("diffusion_camera_root")}
         )
     argv = [*flags, f"--batch_size={batch}", f"--accelerator.mixed_precision={precision}",
-            "--steps=3", "--save_checkpoint=false", f"--output_dir={tmp_path / 'out'}"]  # fmt: skip
-    planned = plan_memory(argv, 1, suggest=False).estimate.peak.counted
-    measured = peak_of_a_cpu_run(argv)
-    print(f"{kind} {precision} batch {batch}: planned/measured = {planned / measured:.3f}")
-    assert abs(planned - measured) <= 0.10 * measured, (planned, measured)
+            "--steps=3", "--save_checkpoint=false", "--parallelism.dp_shard=1",
+            f"--output_dir={tmp_path / 'out'}"]  # fmt: skip
+    planned = plan_memory(argv, world, world, suggest=False).estimate.peak.counted
+    if world == 1:
+        measured = peak_of_a_cpu_run(argv)
+    else:
+        measured = max(run_distributed(peak_of_a_cpu_run, world, argv))
+    print(f"{kind} {precision} batch {batch} x{world}: planned/measured = {planned / measured:.3f}")
+    assert abs(planned - measured) <= 0.08 * measured, (planned, measured)
 
 
 def test_json_has_the_documented_keys(dataset_root, tmp_path, capsys):
