@@ -36,8 +36,9 @@ The terms, per rank (the largest one: FSDP2 gives rank 0 the most rows):
 The phases: the end of the forward (activations all saved), the backward (walked unit by unit in
 reverse, sharded or not: the activations of the units not yet back-propagated, the gradients
 already written or reduced, the unit's in-flight buffers), and the optimizer step (no
-activations, every gradient). The peak is the largest phase, not the sum of the terms. With CPU offload the parameters, sharded
-gradients, optimizer state and EMA live in host memory (``host_bytes``, per node).
+activations, every gradient). The peak is the largest phase, not the sum of the terms. With CPU
+offload the parameters, sharded gradients, optimizer state and EMA live in host memory
+(``host_bytes``, per node).
 """
 
 from __future__ import annotations
