@@ -179,8 +179,10 @@ class Workspace:
     def trainers(self) -> set[int]:
         """The trainers running in this workspace now: each torchrun, and the parent of every
         trainer rank (``lerobot-train``, or ``lerobot-pipe train`` as the train job starts it;
-        its parent: a torchrun, or whatever adopted an orphaned rank)."""
-        found = set()
+        its parent: a torchrun, or whatever adopted an orphaned rank). A child of a torchrun or
+        of a rank that has not yet replaced itself (fork, then exec: it still shows its
+        parent's command line) is part of its parent's trainer, not another one."""
+        processes: dict[int, tuple[bool, int]] = {}  # pid -> (a torchrun, its parent)
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -191,10 +193,14 @@ class Workspace:
                 parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError):
                 continue
-            if not _is_trainer(argv):
+            if _is_trainer(argv):
+                processes[int(entry.name)] = (any(a.endswith("torchrun") for a in argv), parent)
+        found = set()
+        for pid, (is_torchrun, parent) in processes.items():
+            # forked by a torchrun or a rank, not yet exec'd (a rank's parent is its torchrun)
+            if parent in processes and (is_torchrun or not processes[parent][0]):
                 continue
-            is_torchrun = any(arg.endswith("torchrun") for arg in argv)
-            found.add(int(entry.name) if is_torchrun else parent)
+            found.add(pid if is_torchrun else parent)
         return found
 
     def command(self, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
