@@ -308,11 +308,12 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
             ema=ema_dev,
         )
     else:
-        cast = (
-            sum(p.numel * compute for p in params if p.trainable or p.saved)
-            if setup.autocast and compute
-            else 0
-        )
+        # Autocast's compute-dtype copies, by the unit whose saved tensors hold them.
+        casts: dict[str, int] = {}
+        for p in params:
+            if setup.autocast and compute and (p.trainable or p.saved):
+                casts[p.owner] = casts.get(p.owner, 0) + p.numel * compute
+        cast = sum(casts.values())
         # DDP allocates its buckets when it wraps the model (again when it rebuilds them at the
         # second step) and keeps them: with gradient_as_bucket_view the gradients are views of
         # them, there from the first forward on; without, the gradients are written beside them.
@@ -347,12 +348,9 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
         )
         moments = [held, replace(held, gradients=grads, gathered=0, activations=acts.root)]
         per_unit: dict[str, int] = {}  # gradient bytes
-        casts: dict[str, int] = {}  # autocast's copies, freed with the unit's saved tensors
         for p in params:
             if p.trainable and p.reached and p.owner:
                 per_unit[p.owner] = per_unit.get(p.owner, 0) + p.numel * p.itemsize
-            if setup.autocast and compute and (p.trainable or p.saved):
-                casts[p.owner] = casts.get(p.owner, 0) + p.numel * compute
         order = [u for u in acts.order if u]
         written = always  # the gradients written so far (DDP's buckets: all along)
         for i in range(len(order) - 1, -1, -1):
@@ -365,7 +363,7 @@ def estimate(params: list[Param], setup: Setup, acts: Activations) -> MemoryEsti
                 replace(
                     held,
                     gradients=max(kept_grads, written),
-                    gathered=min(cast, cast_held),
+                    gathered=cast_held,  # freed with each unit's saved tensors
                     activations=pending,
                 )
             )
